@@ -1,0 +1,128 @@
+// CPU kernels of the activation / cast family. Same functors, rounding and encoders as the CUDA kernels, so
+// bytes, scales and amaxes are identical; rows are split into the same 128-row blocks the CUDA grid uses.
+#include <algorithm>
+#include <vector>
+
+#include "activation.h"
+
+namespace te {
+namespace {
+
+template <class Op, bool kBwd, typename InT>
+void act_rows(const ActKernelParams& p, int64_t block_begin, int64_t block_end, float scale, float* amax_out) {
+  constexpr bool kGated = Op::kGated;
+  constexpr bool kTwoOut = kBwd && kGated;
+  const int64_t rows = p.rows, cols = p.cols;
+  const int64_t x_stride = kGated ? 2 * cols : cols;
+  const int64_t o_cols = kTwoOut ? 2 * cols : cols;
+  const InT* x = static_cast<const InT*>(p.x);
+  const InT* g = static_cast<const InT*>(p.grad);
+  const bool fp8 = mode_writes_fp8(p.mode);
+  const bool plain = p.mode == ScaleMode::kPlain;
+  float amax = 0.0f;
+  const int64_t n_blocks = dbias_partial_rows(rows);
+  for (int64_t blk = block_begin; blk < block_end; ++blk) {
+    float* dbias = p.dbias_partial ? p.dbias_partial + blk * o_cols : nullptr;
+    // Row blocks blk, blk + n_blocks, ... as the CUDA grid-stride loop visits them.
+    for (int64_t m0 = blk * kActBlockRows; m0 < rows; m0 += n_blocks * kActBlockRows) {
+      const int64_t m1 = std::min(rows, m0 + kActBlockRows);
+      for (int64_t r = m0; r < m1; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          const float a = to_float(x[r * x_stride + c]);
+          const float b = kGated ? to_float(x[r * x_stride + cols + c]) : 0.0f;
+          float v[2];
+          if constexpr (kBwd) {
+            act_backward<Op>(to_float(g[r * cols + c]), a, b, p.act, v[0], v[1]);
+          } else {
+            v[0] = act_forward<Op>(a, b, p.act);
+          }
+          for (int h = 0; h < (kTwoOut ? 2 : 1); ++h) {
+            const int64_t oc = c + h * cols;
+            if (mode_tracks_amax(p.mode)) amax = amax_update(amax, v[h]);
+            if (dbias) dbias[oc] += v[h];
+            if (plain) {
+              static_cast<InT*>(p.out)[r * o_cols + oc] = from_float<InT>(v[h]);
+            } else if (fp8) {
+              const uint8_t code = float_to_fp8(fp8_scaled_value<InT>(v[h], p.mode, scale), p.e4m3);
+              if (p.out) static_cast<uint8_t*>(p.out)[r * o_cols + oc] = code;
+              if (p.out_t) p.out_t[oc * rows + r] = code;
+            }
+          }
+        }
+      }
+    }
+  }
+  *amax_out = amax;
+}
+
+template <class Op, bool kBwd>
+void act_dispatch_dtype(DType in_dtype, const ActKernelParams& p, const ParallelFor& parallel_for) {
+  if (p.noop != nullptr && *p.noop == 1.0f) return;
+  const float scale = mode_writes_fp8(p.mode) ? mode_scale(p) : 1.0f;
+  const int64_t n_blocks = dbias_partial_rows(p.rows);
+  const int64_t o_cols = (kBwd && Op::kGated) ? 2 * p.cols : p.cols;
+  if (p.dbias_partial) std::fill(p.dbias_partial, p.dbias_partial + n_blocks * o_cols, 0.0f);
+  std::vector<float> amax_blocks(size_t(n_blocks), 0.0f);
+  TE_SWITCH_IN_DTYPE(in_dtype, T, {
+    parallel_for(n_blocks, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) act_rows<Op, kBwd, T>(p, b, b + 1, scale, &amax_blocks[size_t(b)]);
+    });
+  });
+  if (mode_tracks_amax(p.mode)) {
+    float amax = *p.amax;
+    for (float a : amax_blocks) amax = amax_update(amax, a);
+    *p.amax = amax;
+  }
+  if (mode_writes_fp8(p.mode)) *p.scale_inv = 1.0f / scale;
+}
+
+}  // namespace
+
+void activation_cpu(ActKind kind, bool backward, DType in_dtype, const ActKernelParams& p,
+                    const ParallelFor& parallel_for) {
+  switch (kind) {
+#define TE_CPU_ACT_CASE(code, F, gated)                                          \
+  case ActKind::code:                                                            \
+    if (backward) {                                                              \
+      act_dispatch_dtype<ActOp<F, gated>, true>(in_dtype, p, parallel_for);      \
+    } else {                                                                     \
+      act_dispatch_dtype<ActOp<F, gated>, false>(in_dtype, p, parallel_for);     \
+    }                                                                            \
+    return;
+    TE_FOR_EACH_ACTIVATION(TE_CPU_ACT_CASE)
+#undef TE_CPU_ACT_CASE
+  }
+  core_fail("activation code " + std::to_string(int(kind)) + " is not known; accepted: 0..11 (TE's enum)");
+}
+
+void dbias_reduce_cpu(const float* partial, int64_t partial_rows, int64_t cols, DType out_dtype, void* out) {
+  TE_SWITCH_IN_DTYPE(out_dtype, T, {
+    for (int64_t c = 0; c < cols; ++c) {
+      float s = 0.0f;
+      for (int64_t r = 0; r < partial_rows; ++r) s += partial[r * cols + c];
+      static_cast<T*>(out)[c] = from_float<T>(s);
+    }
+  });
+}
+
+void dequantize_fp8_cpu(const uint8_t* codes, const float* scale_inv, int64_t n, bool e4m3, DType out_dtype,
+                        void* out) {
+  const float si = *scale_inv;
+  TE_SWITCH_IN_DTYPE(out_dtype, T, {
+    for (int64_t i = 0; i < n; ++i) static_cast<T*>(out)[i] = from_float<T>(fp8_to_float(codes[i], e4m3) * si);
+  });
+}
+
+void transpose_bytes_cpu(const uint8_t* in, int64_t rows, int64_t cols, uint8_t* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+}
+
+void delayed_update_cpu(float* history, int64_t hist_len, int64_t n, float* scale, const float* reduced,
+                        AmaxAlgo algo, float max_over_margin) {
+  for (int64_t c = 0; c < n; ++c)
+    delayed_update_slot(history, hist_len, n, c, scale, reduced != nullptr, reduced ? reduced[c] : 0.0f, algo,
+                        max_over_margin);
+}
+
+}  // namespace te

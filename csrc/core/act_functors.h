@@ -1,0 +1,164 @@
+// One functor per activation (SPEC §3.2-3.3). Each has fwd(x) and bwd(x) = act'(x); gated forms multiply by
+// lin(b) (the linear half) and get d_b from dlin(b). Adding an activation: one functor here, one line in
+// TE_FOR_EACH_ACTIVATION, one row in tests/. All math is FP32, identical on host and device.
+#pragma once
+
+#include "math.h"
+
+namespace te {
+
+// Runtime parameters; only clamped SwiGLU reads them (SPEC §3.3).
+struct ActArgs {
+  float limit = 7.0f;
+  float alpha = 1.702f;
+  float glu_linear_offset = 1.0f;
+};
+
+// Gated ops use b unchanged unless the functor says otherwise.
+struct LinearGate {
+  TE_HD static float lin(float b, const ActArgs&) { return b; }
+  TE_HD static float dlin(float, const ActArgs&) { return 1.0f; }
+};
+
+struct Identity : LinearGate {
+  TE_HD static float fwd(float x, const ActArgs&) { return x; }
+  TE_HD static float bwd(float, const ActArgs&) { return 1.0f; }
+};
+
+// Tanh-approximation GELU. fwd evaluates x*(0.5 + 0.5*tanh(u)) as the algebraically identical x*sigma(2u),
+// u = x*(0.79788456 + 0.03567741*x^2): one exp and one reciprocal, no cancellation for x < 0. The constants
+// are doubled exactly, so the argument equals fl(2u) bit for bit. bwd uses the derivative's own inner form
+// v = 0.79788456*x*(1 + 0.044715*x^2), with 0.5(1+tanh v) = s and 1 - tanh^2 v = 4 s (1-s), s = sigma(2v).
+struct Gelu : LinearGate {
+  TE_HD static float fwd(float x, const ActArgs&) {
+    const float u2 = x * ((2.0f * 0.79788456f) + (2.0f * 0.03567741f) * x * x);
+    return x * sigmoid_f32(u2);
+  }
+  TE_HD static float bwd(float x, const ActArgs&) {
+    const float v = 0.79788456f * x * (1.0f + 0.044715f * x * x);
+    const SigmoidPair sp = sigmoid_pair(2.0f * v);
+    const float x2 = x * x;
+    return 2.0f * x * sp.s * sp.one_minus_s * (0.79788456f + 0.1070322243f * x2) + sp.s;
+  }
+};
+
+// Quick GELU: x * sigma(1.702 x).
+struct QGelu : LinearGate {
+  TE_HD static float fwd(float x, const ActArgs&) { return x * sigmoid_f32(1.702f * x); }
+  TE_HD static float bwd(float x, const ActArgs&) {
+    const SigmoidPair sp = sigmoid_pair(1.702f * x);
+    return 1.702f * x * sp.s * sp.one_minus_s + sp.s;
+  }
+};
+
+// NaN propagates through relu/srelu (the comparison is written so that NaN takes the x branch); -0 -> +0.
+struct Relu : LinearGate {
+  TE_HD static float fwd(float x, const ActArgs&) { return !(x <= 0.0f) ? x : 0.0f; }
+  TE_HD static float bwd(float x, const ActArgs&) { return x > 0.0f ? 1.0f : 0.0f; }
+};
+
+// Squared ReLU.
+struct SRelu : LinearGate {
+  TE_HD static float fwd(float x, const ActArgs&) { return !(x <= 0.0f) ? x * x : 0.0f; }
+  TE_HD static float bwd(float x, const ActArgs&) { return !(x <= 0.0f) ? 2.0f * x : 0.0f; }
+};
+
+struct Silu : LinearGate {
+  TE_HD static float fwd(float x, const ActArgs&) { return x * sigmoid_f32(x); }
+  TE_HD static float bwd(float x, const ActArgs&) {
+    const SigmoidPair sp = sigmoid_pair(x);
+    return x * sp.s * sp.one_minus_s + sp.s;
+  }
+};
+
+// GLU's gate function is sigma itself.
+struct Sigmoid : LinearGate {
+  TE_HD static float fwd(float x, const ActArgs&) { return sigmoid_f32(x); }
+  TE_HD static float bwd(float x, const ActArgs&) {
+    const SigmoidPair sp = sigmoid_pair(x);
+    return sp.s * sp.one_minus_s;
+  }
+};
+
+// GPT-OSS clamped SwiGLU (SPEC §3.3): a clamped above only, b clamped to [-L, L] then offset by c.
+struct ClampedSilu {
+  TE_HD static float clamp_a(float a, float limit) { return a > limit ? limit : a; }
+  TE_HD static float fwd(float a, const ActArgs& p) {
+    const float ac = clamp_a(a, p.limit);
+    return ac * sigmoid_f32(p.alpha * ac);
+  }
+  TE_HD static float bwd(float a, const ActArgs& p) {
+    if (a > p.limit) return 0.0f;
+    const SigmoidPair sp = sigmoid_pair(p.alpha * a);
+    return sp.s + p.alpha * a * sp.s * sp.one_minus_s;
+  }
+  TE_HD static float lin(float b, const ActArgs& p) {
+    const float bc = b > p.limit ? p.limit : (b < -p.limit ? -p.limit : b);
+    return bc + p.glu_linear_offset;
+  }
+  TE_HD static float dlin(float b, const ActArgs& p) { return (b >= -p.limit && b <= p.limit) ? 1.0f : 0.0f; }
+};
+
+// An activation op: the functor and whether it is gated (input [.., 2H] -> output [.., H]).
+template <class F, bool kGatedOp> struct ActOp {
+  using Fn = F;
+  static constexpr bool kGated = kGatedOp;
+};
+
+// X(code, functor, gated). The single list every dispatch switch is generated from.
+#define TE_FOR_EACH_ACTIVATION(X)        \
+  X(kGelu, Gelu, false)                  \
+  X(kGeglu, Gelu, true)                  \
+  X(kGlu, Sigmoid, true)                 \
+  X(kSilu, Silu, false)                  \
+  X(kSwiglu, Silu, true)                 \
+  X(kRelu, Relu, false)                  \
+  X(kReglu, Relu, true)                  \
+  X(kQgelu, QGelu, false)                \
+  X(kQgeglu, QGelu, true)                \
+  X(kSrelu, SRelu, false)                \
+  X(kSreglu, SRelu, true)                \
+  X(kClampedSwiglu, ClampedSilu, true)   \
+  X(kIdentity, Identity, false)
+
+TE_HD bool act_is_gated(ActKind k) {
+  switch (k) {
+#define TE_GATED_CASE(code, F, gated) case ActKind::code: return gated;
+    TE_FOR_EACH_ACTIVATION(TE_GATED_CASE)
+#undef TE_GATED_CASE
+  }
+  return false;
+}
+
+inline bool act_is_known(int code) {
+  switch (static_cast<ActKind>(code)) {
+#define TE_KNOWN_CASE(code_, F, gated) case ActKind::code_: return true;
+    TE_FOR_EACH_ACTIVATION(TE_KNOWN_CASE)
+#undef TE_KNOWN_CASE
+  }
+  return false;
+}
+
+// Per-element math shared by the CPU and CUDA kernels. Forward: y = act(a) [* lin(b)].
+// Backward: unary d = g * act'(x); gated d_a = (g * lin(b)) * act'(a), d_b = (g * act(a)) * dlin(b).
+template <class Op> TE_HD float act_forward(float a, float b, const ActArgs& p) {
+  using F = typename Op::Fn;
+  if constexpr (Op::kGated) {
+    return F::fwd(a, p) * F::lin(b, p);
+  } else {
+    return F::fwd(a, p);
+  }
+}
+
+template <class Op> TE_HD void act_backward(float g, float a, float b, const ActArgs& p, float& da, float& db) {
+  using F = typename Op::Fn;
+  if constexpr (Op::kGated) {
+    da = g * F::lin(b, p) * F::bwd(a, p);
+    db = g * F::fwd(a, p) * F::dlin(b, p);
+  } else {
+    da = g * F::bwd(a, p);
+    db = 0.0f;
+  }
+}
+
+}  // namespace te

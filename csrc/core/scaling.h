@@ -1,0 +1,51 @@
+// Per-tensor FP8 scaling rules (SPEC §4.3, §4.4), one definition for host and device.
+#pragma once
+
+#include "common.h"
+
+namespace te {
+
+// Current scaling: scale from the amax of the tensor being cast.
+TE_HD float current_scale(float amax, float fp8_max_value, float amax_epsilon, bool force_pow2) {
+  if (amax < amax_epsilon) amax = amax_epsilon;
+  float scale;
+  if (amax == 0.0f || is_inf(amax) || is_nan(amax)) {
+    scale = 1.0f;
+  } else {
+    scale = fp8_max_value / amax;
+    if (is_inf(scale)) scale = kFloatMax;
+  }
+  if (force_pow2) scale = bits_float(float_bits(scale) & 0xFF800000u);  // round down to a power of two
+  return scale;
+}
+
+// Delayed scaling update of one slot (SPEC §4.3). `history` is [L, n] row-major, the slot is column `col`.
+// `reduced` is the all-reduced row-0 amax or a negative value when there is no reduction buffer.
+enum class AmaxAlgo : int { kMax = 0, kMostRecent = 1 };
+
+TE_HD void delayed_update_slot(float* history, int64_t hist_len, int64_t n, int64_t col, float* scale,
+                               bool has_reduced, float reduced, AmaxAlgo algo, float max_over_margin) {
+  const float last = (has_reduced && reduced != 0.0f) ? reduced : history[col];
+  float amax = 0.0f;
+  if (last != 0.0f) {
+    if (algo == AmaxAlgo::kMax) {
+      amax = last;
+      for (int64_t i = 1; i < hist_len; ++i) {
+        const float v = history[i * n + col];
+        amax = v > amax ? v : amax;
+      }
+    } else {
+      amax = last;
+    }
+    for (int64_t i = 1; i + 1 < hist_len; ++i) history[i * n + col] = history[(i + 1) * n + col];
+    if (hist_len > 1) history[(hist_len - 1) * n + col] = last;
+    history[col] = 0.0f;
+  }
+  if (amax > 0.0f && !is_inf(amax) && !is_nan(amax)) {
+    float s = max_over_margin / amax;
+    if (is_inf(s)) s = kFloatMax;
+    scale[col] = s;
+  }
+}
+
+}  // namespace te

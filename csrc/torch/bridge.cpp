@@ -1,0 +1,131 @@
+// Definitions of the bridge helpers declared in bridge.h.
+#include "bridge.h"
+
+#include <sstream>
+
+namespace te_torch {
+
+std::string shape_str(const Tensor& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int64_t i = 0; i < t.dim(); ++i) os << (i ? ", " : "") << t.size(i);
+  os << "]";
+  return os.str();
+}
+
+std::string dtype_name(at::ScalarType s) { return c10::toString(s); }
+
+std::string arch_name(const Tensor& t) {
+#if defined(TE_WITH_CUDA)
+  if (t.is_cuda()) {
+    const auto* prop = at::cuda::getDeviceProperties(t.get_device());
+    return "sm_" + std::to_string(prop->major) + std::to_string(prop->minor);
+  }
+#endif
+  return t.device().str();
+}
+
+te::DType input_dtype(const Tensor& t, const char* op, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return te::DType::kFloat32;
+    case at::kHalf: return te::DType::kFloat16;
+    case at::kBFloat16: return te::DType::kBFloat16;
+    default:
+      TORCH_CHECK_TYPE(false, op, ": ", what, " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()),
+                       " with shape ", shape_str(t), " on ", arch_name(t));
+  }
+}
+
+at::ScalarType scalar_type_of(te::DType d) {
+  switch (d) {
+    case te::DType::kFloat32: return at::kFloat;
+    case te::DType::kFloat16: return at::kHalf;
+    case te::DType::kBFloat16: return at::kBFloat16;
+    case te::DType::kByte: return at::kByte;
+    case te::DType::kInt32: return at::kInt;
+    default: TORCH_CHECK_VALUE(false, "DType ", int(d), " has no plain torch dtype for this output");
+  }
+}
+
+void check_scalar_f32(const Tensor& t, const Tensor& ref, const char* op, const char* what) {
+  TORCH_CHECK_VALUE(t.scalar_type() == at::kFloat && t.numel() == 1, op, ": ", what,
+                    " must be a one-element float32 tensor, got ", dtype_name(t.scalar_type()), " with shape ",
+                    shape_str(t));
+  TORCH_CHECK_VALUE(t.device() == ref.device(), op, ": ", what, " is on ", t.device().str(),
+                    " but the input is on ", ref.device().str(), "; keep the quantizer's tensors on the input's device");
+}
+
+QuantSpec make_spec(const char* op, int64_t qkind, int64_t qdtype, bool rowwise, bool columnwise, int64_t qflags,
+                    double amax_epsilon, int64_t block_dim, const c10::optional<Tensor>& scale,
+                    const c10::optional<Tensor>& amax, const c10::optional<Tensor>& noop, const Tensor& input) {
+  QuantSpec s;
+  TORCH_CHECK_VALUE(qkind >= 0 && qkind <= 5, op, ": quantizer kind ", qkind,
+                    " is not known; accepted: 0 none, 1 FP8 delayed, 2 FP8 current, 3 MXFP8, 4 NVFP4, 5 FP8 block");
+  s.kind = static_cast<te::QuantKind>(qkind);
+  s.dtype = static_cast<te::DType>(qdtype);
+  s.rowwise = rowwise;
+  s.columnwise = columnwise;
+  s.flags = qflags;
+  s.amax_epsilon = amax_epsilon;
+  s.block_dim = block_dim;
+  s.scale = scale;
+  s.amax = amax;
+  s.noop = noop;
+  const bool per_tensor = s.kind == te::QuantKind::kFp8Delayed || s.kind == te::QuantKind::kFp8Current;
+  if (per_tensor) {
+    TORCH_CHECK_VALUE(s.dtype == te::DType::kFloat8E4M3 || s.dtype == te::DType::kFloat8E5M2, op,
+                      ": FP8 quantizer dtype must be kFloat8E4M3 (7) or kFloat8E5M2 (8), got ", qdtype);
+    TORCH_CHECK_VALUE(rowwise || columnwise, op, ": the quantizer has neither rowwise nor columnwise usage");
+  }
+  if (s.kind == te::QuantKind::kFp8Delayed) {
+    TORCH_CHECK_VALUE(scale.has_value() && amax.has_value(), op, ": a delayed-scaling FP8 quantizer needs scale and amax");
+    check_scalar_f32(*scale, input, op, "Float8Quantizer.scale");
+    check_scalar_f32(*amax, input, op, "Float8Quantizer.amax");
+  }
+  if (s.kind == te::QuantKind::kFp8Current && amax.has_value()) check_scalar_f32(*amax, input, op, "amax");
+  if (noop.has_value()) check_scalar_f32(*noop, input, op, "noop");
+  return s;
+}
+
+te::FusionPath choose_fusion_path(const QuantSpec& spec) {
+  constexpr int64_t kRhtFlag = 1 << 3;
+  switch (spec.kind) {
+    case te::QuantKind::kNone:
+    case te::QuantKind::kFp8Delayed:
+    case te::QuantKind::kMxfp8: return te::FusionPath::kFullyFused;
+    case te::QuantKind::kFp8Current: return te::FusionPath::kFusedActivationAmaxFp8;
+    case te::QuantKind::kNvfp4:
+      return (spec.flags & kRhtFlag) ? te::FusionPath::kUnfused : te::FusionPath::kFusedActivationAmaxNvfp4;
+    case te::QuantKind::kFp8Block: return te::FusionPath::kUnfused;
+  }
+  return te::FusionPath::kUnfused;
+}
+
+void run_activation(te::ActKind kind, bool backward, te::DType dtype, const te::ActKernelParams& p,
+                    const Tensor& ref) {
+  if (ref.is_cuda()) {
+#if defined(TE_WITH_CUDA)
+    te::activation_cuda(kind, backward, dtype, p, current_stream());
+#else
+    TORCH_CHECK(false, "transformer_engine_torch was built without CUDA; CUDA tensors are not supported");
+#endif
+  } else {
+    te::activation_cpu(kind, backward, dtype, p, [](int64_t n, const std::function<void(int64_t, int64_t)>& body) {
+      at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { body(b, e); });
+    });
+  }
+}
+
+void run_dbias_reduce(const Tensor& partial, Tensor& out) {
+  const te::DType dt = input_dtype(out, "dbias", "grad_bias");
+  if (out.is_cuda()) {
+#if defined(TE_WITH_CUDA)
+    te::dbias_reduce_cuda(partial.data_ptr<float>(), partial.size(0), partial.size(1), dt, out.data_ptr(),
+                          current_stream());
+#endif
+  } else {
+    te::dbias_reduce_cpu(partial.data_ptr<float>(), partial.size(0), partial.size(1), dt, out.data_ptr());
+  }
+}
+
+}  // namespace te_torch

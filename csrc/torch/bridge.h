@@ -1,0 +1,74 @@
+// Torch <-> core bridge helpers: dtype mapping, the quantizer spec that crosses the op boundary (SPEC §1.4),
+// argument checks that name shapes/dtypes/devices, and the CPU/CUDA launch of core kernels on the current
+// stream. Only this folder includes torch headers.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "../core/activation.h"
+
+#if defined(TE_WITH_CUDA)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace te_torch {
+
+using at::Tensor;
+
+std::string shape_str(const Tensor& t);
+std::string dtype_name(at::ScalarType s);
+std::string arch_name(const Tensor& t);  // "cpu" or "sm_90"
+
+// float32/float16/bfloat16 -> core DType; anything else raises TypeError naming `what` and `op`.
+te::DType input_dtype(const Tensor& t, const char* op, const char* what);
+at::ScalarType scalar_type_of(te::DType d);
+
+// The quantizer spec of SPEC §1.4.
+struct QuantSpec {
+  te::QuantKind kind = te::QuantKind::kNone;
+  te::DType dtype = te::DType::kFloat8E4M3;
+  bool rowwise = true;
+  bool columnwise = true;
+  int64_t flags = 0;
+  double amax_epsilon = 0.0;
+  int64_t block_dim = 1;
+  c10::optional<Tensor> scale, amax, noop;
+
+  bool force_pow2() const { return flags & 1; }
+  bool e4m3() const { return dtype == te::DType::kFloat8E4M3; }
+};
+
+QuantSpec make_spec(const char* op, int64_t qkind, int64_t qdtype, bool rowwise, bool columnwise, int64_t qflags,
+                    double amax_epsilon, int64_t block_dim, const c10::optional<Tensor>& scale,
+                    const c10::optional<Tensor>& amax, const c10::optional<Tensor>& noop, const Tensor& input);
+
+// SPEC §5.1: the one place the fusion path is decided, for forward and backward alike.
+te::FusionPath choose_fusion_path(const QuantSpec& spec);
+
+// Checks that `t` is a one-element float32 tensor on `ref`'s device.
+void check_scalar_f32(const Tensor& t, const Tensor& ref, const char* op, const char* what);
+
+// Launches on the current stream of `ref`'s device (or the CPU thread pool).
+void run_activation(te::ActKind kind, bool backward, te::DType dtype, const te::ActKernelParams& p, const Tensor& ref);
+void run_dbias_reduce(const Tensor& partial, Tensor& out);
+
+#if defined(TE_WITH_CUDA)
+inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream(); }
+#endif
+
+// Converts a core std::invalid_argument into an error that names the op.
+template <typename Fn> auto with_op_name(const char* op, Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK(false, op, ": ", e.what());
+  }
+}
+
+}  // namespace te_torch

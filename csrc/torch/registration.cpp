@@ -1,0 +1,36 @@
+// The `te` operator library: every op's schema, defined once (SPEC §1.4). CPU and CUDA kernels are registered
+// next to their implementations; fake kernels and autograd live in transformer_engine_torch/_ops.py.
+#include <Python.h>
+
+#include "bridge.h"
+
+// Quantizer spec arguments shared by every quantizing op (SPEC §1.4).
+#define TE_QSPEC                                                                                             \
+  "int qkind, int qdtype, bool rowwise, bool columnwise, int qflags, float amax_epsilon, int block_dim, "    \
+  "Tensor? scale, Tensor(a!)? amax, Tensor? noop"
+#define TE_ACT_ARGS "int act, float limit, float alpha, float offset"
+
+TORCH_LIBRARY(te, m) {
+  m.def("act(Tensor x, " TE_ACT_ARGS ") -> Tensor");
+  m.def("dact(Tensor grad, Tensor x, " TE_ACT_ARGS ") -> Tensor");
+  m.def("act_quantize(Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> Tensor[]");
+  m.def("dact_quantize(Tensor grad, Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> Tensor[]");
+  m.def("dbias_dact(Tensor grad, Tensor x, int act, " TE_QSPEC ") -> Tensor[]");
+  m.def("quantize(Tensor x, " TE_QSPEC ") -> Tensor[]");
+  m.def("quantize_into(Tensor x, " TE_QSPEC
+        ", Tensor(b!)? row_data, Tensor(c!)? row_scale_inv, Tensor(d!)? col_data, Tensor(e!)? col_scale_inv) -> ()");
+  m.def("bgrad_quantize(Tensor x, " TE_QSPEC ") -> Tensor[]");
+  m.def("dequantize_fp8(Tensor data, Tensor scale_inv, int fp8_dtype, ScalarType otype) -> Tensor");
+  m.def("compute_amax(Tensor x, Tensor(a!) amax) -> ()");
+  m.def("fused_amax_and_scale_update(Tensor? amax_reduction_buffer, Tensor(a!)[] amax_histories, "
+        "Tensor(b!)[] scales, str amax_compute_algo, int fp8_dtype, float margin) -> ()");
+  m.def("fp8_transpose(Tensor x) -> Tensor");
+  m.def("fp8_transpose_into(Tensor x, Tensor(a!) out) -> ()");
+}
+
+// `import transformer_engine_torch._C` loads the library (and with it the registrations above); the module
+// itself is empty, so nothing but tensors and scalars ever crosses into C++.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}

@@ -1,0 +1,126 @@
+"""Fake (meta) kernels and autograd for the `te` ops. Schemas are defined once, in C++
+(csrc/torch/registration.cpp); this file never restates them. Fake kernels return the real shapes, dtypes
+and strides (all contiguous) so torch.compile traces without running anything."""
+from __future__ import annotations
+
+import torch
+
+GATED = {1, 2, 4, 6, 8, 10, 11}
+QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT = 0, 1, 2
+
+
+def _fwd_shape(x, act):
+    shape = list(x.shape)
+    if act in GATED and shape:
+        shape[-1] //= 2
+    return shape
+
+
+def _transposed(shape):
+    return shape if not shape else [shape[-1]] + list(shape[:-1])
+
+
+def _quant_outputs(x, shape, qkind, rowwise, columnwise):
+    e32 = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
+    if qkind == QKIND_NONE:
+        return [x.new_empty(shape), e32(), e32(), e32(), e32(), e32()]
+    if qkind in (QKIND_FP8_DELAYED, QKIND_FP8_CURRENT):
+        u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
+        return [u8(shape) if rowwise else u8((0,)), x.new_empty((1,), dtype=torch.float32),
+                u8(_transposed(shape)) if columnwise else u8((0,)), e32(), e32(), e32()]
+    raise NotImplementedError(f"quantizer kind {qkind} is not available in this build yet")
+
+
+@torch.library.register_fake("te::act")
+def _act_fake(x, act, limit, alpha, offset):
+    return x.new_empty(_fwd_shape(x, act))
+
+
+@torch.library.register_fake("te::dact")
+def _dact_fake(grad, x, act, limit, alpha, offset):
+    return x.new_empty(x.shape)
+
+
+@torch.library.register_fake("te::act_quantize")
+def _act_quantize_fake(x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon,
+                       block_dim, scale, amax, noop):
+    return _quant_outputs(x, _fwd_shape(x, act), qkind, rowwise, columnwise)
+
+
+@torch.library.register_fake("te::dact_quantize")
+def _dact_quantize_fake(grad, x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, qflags,
+                        amax_epsilon, block_dim, scale, amax, noop):
+    return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
+
+
+def _dbias(x, shape):
+    return x.new_empty((shape[-1] if shape else 1,))
+
+
+@torch.library.register_fake("te::dbias_dact")
+def _dbias_dact_fake(grad, x, act, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale,
+                     amax, noop):
+    return [_dbias(x, list(x.shape))] + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
+
+
+@torch.library.register_fake("te::quantize")
+def _quantize_fake(x, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax, noop):
+    return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
+
+
+@torch.library.register_fake("te::bgrad_quantize")
+def _bgrad_quantize_fake(x, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax,
+                         noop):
+    return [_dbias(x, list(x.shape))] + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
+
+
+@torch.library.register_fake("te::quantize_into")
+def _quantize_into_fake(x, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax,
+                        noop, row_data, row_scale_inv, col_data, col_scale_inv):
+    return None
+
+
+@torch.library.register_fake("te::dequantize_fp8")
+def _dequantize_fp8_fake(data, scale_inv, fp8_dtype, otype):
+    return data.new_empty(data.shape, dtype=otype)
+
+
+@torch.library.register_fake("te::compute_amax")
+def _compute_amax_fake(x, amax):
+    return None
+
+
+@torch.library.register_fake("te::fused_amax_and_scale_update")
+def _update_fake(amax_reduction_buffer, amax_histories, scales, amax_compute_algo, fp8_dtype, margin):
+    return None
+
+
+def _rows_cols(x):
+    k = x.shape[-1] if x.dim() else 1
+    return (x.numel() // k if k else 0), k
+
+
+@torch.library.register_fake("te::fp8_transpose")
+def _fp8_transpose_fake(x):
+    rows, cols = _rows_cols(x)
+    return x.new_empty((cols, rows))
+
+
+@torch.library.register_fake("te::fp8_transpose_into")
+def _fp8_transpose_into_fake(x, out):
+    return None
+
+
+# ---- autograd: plain activations differentiate through the matching d* op ----------------------------------
+def _act_setup(ctx, inputs, output):
+    x, act, limit, alpha, offset = inputs
+    ctx.save_for_backward(x)
+    ctx.act_args = (act, limit, alpha, offset)
+
+
+def _act_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return torch.ops.te.dact(grad.contiguous(), x, *ctx.act_args), None, None, None, None
+
+
+torch.library.register_autograd("te::act", _act_backward, setup_context=_act_setup)

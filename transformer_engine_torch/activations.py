@@ -1,0 +1,133 @@
+"""Activation functions with optional fused quantization (SPEC §3, §5), TE's names and argument order.
+
+`f(input, quantizer)`, `df(grad, fwd_input, quantizer)`, `dbias_df(grad, fwd_input, quantizer)` ->
+`(grad_bias, grad_input)`. With `quantizer=None` the result is a plain tensor (differentiable for the
+forward functions); with a quantizer it is the quantizer's tensor class.
+"""
+from __future__ import annotations
+
+import torch
+
+from .quantizers import NO_QUANTIZER_SPEC, Float8CurrentScalingQuantizer, check_quantizer
+
+# TE's activation enum (SPEC §1.4).
+GELU, GEGLU, GLU, SILU, SWIGLU, RELU, REGLU, QGELU, QGEGLU, SRELU, SREGLU, CLAMPED_SWIGLU = range(12)
+_GATED = {GEGLU, GLU, SWIGLU, REGLU, QGEGLU, SREGLU, CLAMPED_SWIGLU}
+_DEFAULT_ARGS = (7.0, 1.702, 1.0)
+
+
+def _check_input(op: str, name: str, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _forward_shape(code: int, shape):
+    shape = tuple(shape)
+    if code in _GATED and len(shape):
+        return shape[:-1] + (shape[-1] // 2,)
+    return shape
+
+
+def _activation(op: str, code: int, x, quantizer, args=_DEFAULT_ARGS):
+    _check_input(op, "input", x)
+    check_quantizer(op, quantizer)
+    if quantizer is None:
+        return torch.ops.te.act(x, code, *args)
+    if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
+        # Unfused: the activation in the input dtype, then the reduced-amax cast of it.
+        from .cast import quantize
+
+        return quantize(torch.ops.te.act(x, code, *args), quantizer)
+    outs = torch.ops.te.act_quantize(x, code, *args, *quantizer._spec())
+    return quantizer._wrap(outs, _forward_shape(code, x.shape), x.dtype)
+
+
+def _dactivation(op: str, code: int, grad, x, quantizer, args=_DEFAULT_ARGS):
+    _check_input(op, "grad", grad)
+    _check_input(op, "fwd_input", x)
+    check_quantizer(op, quantizer)
+    if quantizer is None:
+        return torch.ops.te.dact(grad, x, code, *args)
+    if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
+        from .cast import quantize
+
+        return quantize(torch.ops.te.dact(grad, x, code, *args), quantizer)
+    outs = torch.ops.te.dact_quantize(grad, x, code, *args, *quantizer._spec())
+    return quantizer._wrap(outs, tuple(x.shape), x.dtype)
+
+
+def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
+    _check_input(op, "grad", grad)
+    _check_input(op, "fwd_input", x)
+    check_quantizer(op, quantizer)
+    if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
+        from .cast import bgrad_quantize
+
+        return bgrad_quantize(torch.ops.te.dact(grad, x, code, *_DEFAULT_ARGS), quantizer)
+    spec = NO_QUANTIZER_SPEC if quantizer is None else quantizer._spec()
+    outs = torch.ops.te.dbias_dact(grad, x, code, *spec)
+    if quantizer is None:
+        return outs[0], outs[1]
+    return outs[0], quantizer._wrap(outs[1:], tuple(x.shape), x.dtype)
+
+
+def _make_forward(name: str, code: int):
+    def fn(input, quantizer):
+        return _activation(name, code, input, quantizer)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"{name}(input, quantizer): activation code {code} (SPEC §3.2), quantized when a quantizer is given."
+    return fn
+
+
+def _make_backward(name: str, code: int):
+    def fn(grad, fwd_input, quantizer):
+        return _dactivation(name, code, grad, fwd_input, quantizer)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"{name}(grad, fwd_input, quantizer): derivative of activation code {code} times grad."
+    return fn
+
+
+def _make_dbias(name: str, code: int):
+    def fn(grad, fwd_input, quantizer):
+        return _dbias_dactivation(name, code, grad, fwd_input, quantizer)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"{name}(grad, fwd_input, quantizer) -> (grad_bias, grad_input)."
+    return fn
+
+
+gelu, geglu, qgelu, qgeglu = (_make_forward(n, c) for n, c in
+                              (("gelu", GELU), ("geglu", GEGLU), ("qgelu", QGELU), ("qgeglu", QGEGLU)))
+relu, reglu, srelu, sreglu = (_make_forward(n, c) for n, c in
+                              (("relu", RELU), ("reglu", REGLU), ("srelu", SRELU), ("sreglu", SREGLU)))
+silu, swiglu, glu = (_make_forward(n, c) for n, c in (("silu", SILU), ("swiglu", SWIGLU), ("glu", GLU)))
+dgelu, dgeglu, dqgelu, dqgeglu = (_make_backward(n, c) for n, c in
+                                  (("dgelu", GELU), ("dgeglu", GEGLU), ("dqgelu", QGELU), ("dqgeglu", QGEGLU)))
+drelu, dreglu, dsrelu, dsreglu = (_make_backward(n, c) for n, c in
+                                  (("drelu", RELU), ("dreglu", REGLU), ("dsrelu", SRELU), ("dsreglu", SREGLU)))
+dsilu, dswiglu, dglu = (_make_backward(n, c) for n, c in (("dsilu", SILU), ("dswiglu", SWIGLU), ("dglu", GLU)))
+dbias_dgelu, dbias_dsilu, dbias_drelu, dbias_dqgelu, dbias_dsrelu = (
+    _make_dbias(n, c) for n, c in (("dbias_dgelu", GELU), ("dbias_dsilu", SILU), ("dbias_drelu", RELU),
+                                   ("dbias_dqgelu", QGELU), ("dbias_dsrelu", SRELU)))
+
+
+def clamped_swiglu(input, quantizer, limit=7.0, alpha=1.702, glu_linear_offset=1.0):
+    """GPT-OSS SwiGLU (SPEC §3.3): min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, ±limit) + offset)."""
+    return _activation("clamped_swiglu", CLAMPED_SWIGLU, input, quantizer,
+                       (float(limit), float(alpha), float(glu_linear_offset)))
+
+
+def clamped_dswiglu(grad, fwd_input, quantizer, limit=7.0, alpha=1.702, glu_linear_offset=1.0):
+    """Backward of clamped_swiglu (SPEC §3.3)."""
+    return _dactivation("clamped_dswiglu", CLAMPED_SWIGLU, grad, fwd_input, quantizer,
+                        (float(limit), float(alpha), float(glu_linear_offset)))
+
+
+__all__ = [
+    "gelu", "geglu", "qgelu", "qgeglu", "relu", "reglu", "srelu", "sreglu", "silu", "swiglu", "glu",
+    "clamped_swiglu", "dgelu", "dgeglu", "dqgelu", "dqgeglu", "drelu", "dreglu", "dsrelu", "dsreglu", "dsilu",
+    "dswiglu", "dglu", "clamped_dswiglu", "dbias_dgelu", "dbias_dsilu", "dbias_drelu", "dbias_dqgelu",
+    "dbias_dsrelu",
+]

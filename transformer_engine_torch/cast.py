@@ -1,0 +1,116 @@
+"""Cast functions (SPEC §4.10): quantize, dequantize, bgrad_quantize, amax and the delayed-scaling update."""
+from __future__ import annotations
+
+import torch
+
+from .dtypes import as_dtype, as_fp8_dtype, to_torch_dtype
+from .quantizers import Float8CurrentScalingQuantizer, Quantizer, check_quantizer
+from .tensors import Float8Tensor, QuantizedTensor, _transposed_shape
+
+
+def _check_tensor(op, name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def _spec_for(tensor, quantizer, noop=None):
+    """The quantizer's spec; current scaling with amax reduction computes and all-reduces the amax first."""
+    if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
+        amax = torch.zeros(1, dtype=torch.float32, device=tensor.device)
+        torch.ops.te.compute_amax(tensor, amax)
+        quantizer._reduce_amax(amax)
+        return quantizer._spec(noop, amax=amax)
+    return quantizer._spec(noop)
+
+
+def quantize(tensor, quantizer, output=None, noop=None):
+    """Quantize `tensor`. With `output`, its buffers are reused (missing usages allocated, unwanted ones
+    dropped); with `noop` (float32 [1]) equal to 1.0 nothing is written (CUDA-graph weight caching)."""
+    _check_tensor("quantize", "tensor", tensor)
+    if quantizer is None:
+        raise ValueError("quantize: quantizer is None; use the tensor as it is")
+    check_quantizer("quantize", quantizer, allow_none=False)
+    quantizer._check_usage("quantize")
+    if output is None and noop is None:
+        outs = torch.ops.te.quantize(tensor, *_spec_for(tensor, quantizer))
+        return quantizer._wrap(outs, tuple(tensor.shape), tensor.dtype)
+    if output is None:
+        output = quantizer.make_empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    if not isinstance(output, Float8Tensor):
+        raise TypeError(f"quantize: output must be a Float8Tensor for {type(quantizer).__name__}, "
+                        f"got {type(output).__name__}")
+    if tuple(output.shape) != tuple(tensor.shape):
+        raise ValueError(f"quantize: output has shape {tuple(output.shape)} but the input has shape "
+                         f"{tuple(tensor.shape)}")
+    dev = dict(dtype=torch.uint8, device=tensor.device)
+    if quantizer.rowwise_usage and output._data is None:
+        output._data = torch.empty(tensor.shape, **dev)
+    if quantizer.columnwise_usage and output._transpose is None:
+        output._transpose = torch.empty(_transposed_shape(tensor.shape), **dev)
+    if not quantizer.rowwise_usage:
+        output._data = None
+    if not quantizer.columnwise_usage:
+        output._transpose = None
+    output._transpose_invalid = output._transpose is None
+    if output._scale_inv is None:
+        output._scale_inv = torch.empty(1, dtype=torch.float32, device=tensor.device)
+    output._fp8_dtype = quantizer.dtype
+    torch.ops.te.quantize_into(tensor, *_spec_for(tensor, quantizer, noop), output._data, output._scale_inv,
+                               output._transpose, None)
+    return output
+
+
+def dequantize(input, otype):
+    """Plain tensor of DType (or torch dtype) `otype` from a quantized tensor (SPEC §4.9)."""
+    if not isinstance(input, QuantizedTensor):
+        raise TypeError(f"dequantize: input must be a quantized tensor, got {type(input).__name__}")
+    return input.dequantize(dtype=to_torch_dtype(otype, "dequantize: otype"))
+
+
+def bgrad_quantize(input, quantizer):
+    """(grad_bias, quantized): grad_bias = FP32 sum over all rows of `input`, rounded to its dtype."""
+    _check_tensor("bgrad_quantize", "input", input)
+    check_quantizer("bgrad_quantize", quantizer)
+    if quantizer is None:
+        k = input.shape[-1] if input.dim() else 1
+        return input.reshape(-1, k).float().sum(0).to(input.dtype), input
+    outs = torch.ops.te.bgrad_quantize(input, *_spec_for(input, quantizer))
+    return outs[0], quantizer._wrap(outs[1:], tuple(input.shape), input.dtype)
+
+
+def compute_amax(input, amax):
+    """amax[0] = max |input| (NaN ignored), overwriting amax."""
+    _check_tensor("compute_amax", "input", input)
+    _check_tensor("compute_amax", "amax", amax)
+    torch.ops.te.compute_amax(input, amax)
+
+
+def fused_amax_and_scale_update_after_reduction(amax_reduction_buffer, amax_histories, scales,
+                                                amax_compute_algo, fp8_dtype, margin):
+    """Delayed-scaling update of every (history, scale) pair (SPEC §4.3), in place."""
+    fp8_dtype = as_fp8_dtype(fp8_dtype, "fused_amax_and_scale_update_after_reduction: fp8_dtype")
+    torch.ops.te.fused_amax_and_scale_update(amax_reduction_buffer, list(amax_histories), list(scales),
+                                             str(amax_compute_algo), int(fp8_dtype), float(margin))
+
+
+def fp8_transpose(input, dtype, *, out=None):
+    """2-D transpose of FP8 bytes: the flattened [M, K] input becomes [K, M] (uint8)."""
+    _check_tensor("fp8_transpose", "input", input)
+    as_fp8_dtype(dtype, "fp8_transpose: dtype")
+    if input.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        input = input.view(torch.uint8)
+    if out is None:
+        return torch.ops.te.fp8_transpose(input)
+    torch.ops.te.fp8_transpose_into(input, out.view(torch.uint8) if out.dtype != torch.uint8 else out)
+    return out
+
+
+def create_empty_quantized_tensor(quantizer, shape, dtype, device, pin_memory=False):
+    """Uninitialised quantized tensor of `shape` (delayed FP8: scale_inv = 1/scale)."""
+    check_quantizer("create_empty_quantized_tensor", quantizer, allow_none=False)
+    return quantizer.make_empty(shape, dtype=to_torch_dtype(dtype), device=device, pin_memory=pin_memory)
+
+
+__all__ = ["quantize", "dequantize", "bgrad_quantize", "compute_amax",
+           "fused_amax_and_scale_update_after_reduction", "fp8_transpose", "create_empty_quantized_tensor"]
+_ = (as_dtype, Quantizer)

@@ -1,0 +1,177 @@
+"""Quantizers (SPEC §4.1-4.4). A quantizer is a value object holding its configuration; `_spec()` unpacks it
+into the plain tensors/scalars that cross into C++ (SPEC §1.4), `_wrap()` turns the op's fixed output list back
+into a quantized tensor."""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+
+from .dtypes import DType, as_fp8_dtype
+from .tensors import Float8Tensor, _transposed_shape
+
+# Quantizer kinds of the spec (SPEC §1.4; numbering internal).
+QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8, QKIND_NVFP4, QKIND_FP8_BLOCK = range(6)
+# qflags bits.
+QFLAG_POW2 = 1 << 0
+
+# Spec of "no quantizer": plain output.
+NO_QUANTIZER_SPEC = (QKIND_NONE, int(DType.kFloat8E4M3), True, True, 0, 0.0, 1, None, None, None)
+
+
+class Quantizer:
+    """Base class: usages, `quantize`, `update_quantized`, `make_empty`, `copy`, `set_usage`."""
+
+    def __init__(self, *, rowwise: bool = True, columnwise: bool = True):
+        self.rowwise_usage = bool(rowwise)
+        self.columnwise_usage = bool(columnwise)
+        self.internal = False
+        self.optimize_for_gemm = False
+
+    # ---- public API ------------------------------------------------------------------------------------
+    def quantize(self, tensor: torch.Tensor, out=None):
+        from .cast import quantize
+
+        return quantize(tensor, self, out)
+
+    def __call__(self, tensor: torch.Tensor):
+        return self.quantize(tensor)
+
+    def update_quantized(self, src: torch.Tensor, dst, noop_flag=None):
+        from .cast import quantize
+
+        return quantize(src, self, dst, noop_flag)
+
+    def make_empty(self, shape, dtype=torch.float32, device=None, requires_grad=False, pin_memory=False):
+        raise NotImplementedError(f"{type(self).__name__}.make_empty")
+
+    def copy(self):
+        return copy.copy(self)
+
+    def set_usage(self, rowwise=None, columnwise=None):
+        if rowwise is not None:
+            self.rowwise_usage = bool(rowwise)
+        if columnwise is not None:
+            self.columnwise_usage = bool(columnwise)
+
+    # ---- op boundary -----------------------------------------------------------------------------------
+    def _spec(self, noop=None) -> tuple:
+        """(qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax, noop)."""
+        raise NotImplementedError
+
+    def _wrap(self, outs, shape, dtype):
+        raise NotImplementedError
+
+    def _check_usage(self, op):
+        if not (self.rowwise_usage or self.columnwise_usage):
+            raise ValueError(f"{op}: {type(self).__name__} has neither rowwise nor columnwise usage")
+
+    def _config(self):
+        return (type(self), self.rowwise_usage, self.columnwise_usage, self.internal, self.optimize_for_gemm)
+
+    def __eq__(self, other):
+        return isinstance(other, Quantizer) and self._config() == other._config()
+
+    def __hash__(self):
+        return hash(self._config())
+
+
+class _Float8PerTensorQuantizer(Quantizer):
+    """Shared by the delayed and current per-tensor FP8 quantizers: both produce a Float8Tensor."""
+
+    dtype: DType
+
+    def _wrap(self, outs, shape, dtype):
+        return Float8Tensor(shape=shape, dtype=dtype, data=outs[0] if self.rowwise_usage else None,
+                            fp8_scale_inv=outs[1], fp8_dtype=self.dtype,
+                            data_transpose=outs[2] if self.columnwise_usage else None, quantizer=self.copy())
+
+    def make_empty(self, shape, dtype=torch.float32, device=None, requires_grad=False, pin_memory=False):
+        shape = torch.Size(shape)
+        device = torch.device("cuda" if device is None else device)
+        kw = dict(dtype=torch.uint8, device=device, pin_memory=pin_memory)
+        data = torch.empty(shape, **kw) if self.rowwise_usage else None
+        tr = torch.empty(_transposed_shape(shape), **kw) if self.columnwise_usage else None
+        scale_inv = self._initial_scale_inv(device)
+        return Float8Tensor(shape=shape, dtype=dtype, data=data, fp8_scale_inv=scale_inv, fp8_dtype=self.dtype,
+                            data_transpose=tr, quantizer=self.copy(), requires_grad=requires_grad)
+
+    def _initial_scale_inv(self, device):
+        return torch.ones(1, dtype=torch.float32, device=device)
+
+
+class Float8Quantizer(_Float8PerTensorQuantizer):
+    """Per-tensor FP8 with delayed scaling (SPEC §4.2): q = fp8(x * scale); `amax` max-accumulates in place."""
+
+    def __init__(self, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype, *, rowwise: bool = True,
+                 columnwise: bool = True):
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        for name, t in (("scale", scale), ("amax", amax)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"Float8Quantizer: {name} must be a one-element float32 tensor, "
+                                f"got {type(t).__name__}")
+        self.scale = scale
+        self.amax = amax
+        self.dtype = as_fp8_dtype(fp8_dtype)
+
+    def _spec(self, noop=None):
+        return (QKIND_FP8_DELAYED, int(self.dtype), self.rowwise_usage, self.columnwise_usage, 0, 0.0, 1,
+                self.scale, self.amax, noop)
+
+    def _initial_scale_inv(self, device):
+        return torch.reciprocal(self.scale.detach().to(device=device, dtype=torch.float32).reshape(1))
+
+    def calibrate(self, tensor: torch.Tensor):
+        """amax <- amax(tensor) (overwrite)."""
+        torch.ops.te.compute_amax(tensor, self.amax)
+
+    def _config(self):
+        return super()._config() + (self.dtype, id(self.scale), id(self.amax))
+
+
+class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
+    """Per-tensor FP8 with current scaling (SPEC §4.4): the scale comes from the amax of the tensor itself."""
+
+    def __init__(self, fp8_dtype, device=None, *, rowwise: bool = True, columnwise: bool = True,
+                 use_existing_amax: bool = False, with_amax_reduction: bool = False, amax_reduction_group=None,
+                 force_pow_2_scales: bool = False, amax_epsilon: float = 0.0, scale=None, amax=None):
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self.dtype = as_fp8_dtype(fp8_dtype)
+        for name, v, default in (("device", device, None), ("use_existing_amax", use_existing_amax, False),
+                                 ("scale", scale, None), ("amax", amax, None)):
+            if v is not default:
+                warnings.warn(f"Float8CurrentScalingQuantizer: `{name}` is deprecated and ignored",
+                              DeprecationWarning, stacklevel=2)
+        self.with_amax_reduction = bool(with_amax_reduction)
+        self.amax_reduction_group = amax_reduction_group
+        self.force_pow_2_scales = bool(force_pow_2_scales)
+        self.amax_epsilon = float(amax_epsilon)
+        if self.amax_epsilon < 0:
+            raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be >= 0, got {amax_epsilon}")
+
+    def _spec(self, noop=None, amax=None):
+        flags = QFLAG_POW2 if self.force_pow_2_scales else 0
+        return (QKIND_FP8_CURRENT, int(self.dtype), self.rowwise_usage, self.columnwise_usage, flags,
+                self.amax_epsilon, 1, None, amax, noop)
+
+    def _reduce_amax(self, amax: torch.Tensor):
+        """MAX all-reduce of a locally computed amax over the quantizer's group (no host sync)."""
+        import torch.distributed as dist
+
+        dist.all_reduce(amax, op=dist.ReduceOp.MAX, group=self.amax_reduction_group)
+
+    def _config(self):
+        return super()._config() + (self.dtype, self.with_amax_reduction, id(self.amax_reduction_group),
+                                    self.force_pow_2_scales, self.amax_epsilon)
+
+
+QUANTIZER_CLASSES = (Float8Quantizer, Float8CurrentScalingQuantizer)
+
+
+def check_quantizer(op: str, quantizer, allow_none: bool = True):
+    if quantizer is None and allow_none:
+        return
+    if not isinstance(quantizer, Quantizer):
+        names = ", ".join(c.__name__ for c in QUANTIZER_CLASSES)
+        raise TypeError(f"{op}: quantizer must be None or one of {names}, got {type(quantizer).__name__}")
