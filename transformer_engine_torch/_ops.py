@@ -23,11 +23,11 @@ def _transposed(shape):
 def _quant_outputs(x, shape, qkind, rowwise, columnwise):
     e32 = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
     if qkind == QKIND_NONE:
-        return [x.new_empty(shape), e32(), e32(), e32(), e32(), e32()]
+        return (x.new_empty(shape), e32(), e32(), e32(), e32(), e32())
     if qkind in (QKIND_FP8_DELAYED, QKIND_FP8_CURRENT):
         u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
-        return [u8(shape) if rowwise else u8((0,)), x.new_empty((1,), dtype=torch.float32),
-                u8(_transposed(shape)) if columnwise else u8((0,)), e32(), e32(), e32()]
+        return (u8(shape) if rowwise else u8((0,)), x.new_empty((1,), dtype=torch.float32),
+                u8(_transposed(shape)) if columnwise else u8((0,)), e32(), e32(), e32())
     raise NotImplementedError(f"quantizer kind {qkind} is not available in this build yet")
 
 
@@ -60,7 +60,7 @@ def _dbias(x, shape):
 @torch.library.register_fake("te::dbias_dact")
 def _dbias_dact_fake(grad, x, act, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale,
                      amax, noop):
-    return [_dbias(x, list(x.shape))] + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
+    return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
 
 
 @torch.library.register_fake("te::quantize")
@@ -71,7 +71,7 @@ def _quantize_fake(x, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, 
 @torch.library.register_fake("te::bgrad_quantize")
 def _bgrad_quantize_fake(x, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax,
                          noop):
-    return [_dbias(x, list(x.shape))] + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
+    return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
 
 
 @torch.library.register_fake("te::quantize_into")

@@ -20,7 +20,7 @@ void act_rows(const ActKernelParams& p, int64_t block_begin, int64_t block_end, 
   const bool fp8 = mode_writes_fp8(p.mode);
   const bool plain = p.mode == ScaleMode::kPlain;
   float amax = 0.0f;
-  const int64_t n_blocks = dbias_partial_rows(rows);
+  const int64_t n_blocks = act_row_blocks(rows, cols);
   for (int64_t blk = block_begin; blk < block_end; ++blk) {
     float* dbias = p.dbias_partial ? p.dbias_partial + blk * o_cols : nullptr;
     // Row blocks blk, blk + n_blocks, ... as the CUDA grid-stride loop visits them.
@@ -59,7 +59,7 @@ template <class Op, bool kBwd>
 void act_dispatch_dtype(DType in_dtype, const ActKernelParams& p, const ParallelFor& parallel_for) {
   if (p.noop != nullptr && *p.noop == 1.0f) return;
   const float scale = mode_writes_fp8(p.mode) ? mode_scale(p) : 1.0f;
-  const int64_t n_blocks = dbias_partial_rows(p.rows);
+  const int64_t n_blocks = act_row_blocks(p.rows, p.cols);
   const int64_t o_cols = (kBwd && Op::kGated) ? 2 * p.cols : p.cols;
   if (p.dbias_partial) std::fill(p.dbias_partial, p.dbias_partial + n_blocks * o_cols, 0.0f);
   std::vector<float> amax_blocks(size_t(n_blocks), 0.0f);

@@ -17,34 +17,32 @@ namespace te {
 namespace act_cuda {
 
 constexpr int kThreads = 256;
-constexpr int kTileCols = 64;  // positions per block
+constexpr int kTileCols = int(kActTileCols);  // positions per block
 constexpr int kVec = 8;        // positions per thread
 constexpr int kRowsPerThread = 4;
 
 template <typename T> struct alignas(16) Vec8 { T e[kVec]; };
 
-// Loads 8 consecutive elements (or the `n` valid ones, zero-filled) as floats.
-template <typename T> __device__ __forceinline__ void load8(const T* ptr, bool vec, int n, float (&v)[kVec]) {
-  if (vec && n == kVec) {
-    const Vec8<T> raw = *reinterpret_cast<const Vec8<T>*>(ptr);
+// Loads 8 consecutive raw elements (or the `n` valid ones, zero-filled): conversion to float happens at use,
+// so four rows of raw vectors stay in flight with few registers.
+template <typename T> __device__ __forceinline__ Vec8<T> load8(const T* ptr, bool vec, int n) {
+  if (vec && n == kVec) return *reinterpret_cast<const Vec8<T>*>(ptr);
+  Vec8<T> r;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) v[k] = to_float(raw.e[k]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) v[k] = k < n ? to_float(ptr[k]) : 0.0f;
-  }
+  for (int k = 0; k < kVec; ++k) r.e[k] = k < n ? ptr[k] : from_float<T>(0.0f);
+  return r;
 }
 
 template <typename T> __device__ __forceinline__ void store8(T* ptr, bool vec, int n, const float (&v)[kVec]) {
-  if (vec && n == kVec) {
-    Vec8<T> raw;
+  Vec8<T> raw;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) raw.e[k] = from_float<T>(v[k]);
+  for (int k = 0; k < kVec; ++k) raw.e[k] = from_float<T>(v[k]);
+  if (vec && n == kVec) {
     *reinterpret_cast<Vec8<T>*>(ptr) = raw;
   } else {
 #pragma unroll
     for (int k = 0; k < kVec; ++k)
-      if (k < n) ptr[k] = from_float<T>(v[k]);
+      if (k < n) ptr[k] = raw.e[k];
   }
 }
 
@@ -57,8 +55,15 @@ __device__ __forceinline__ float warp_max(float v) {
 // Swizzled word index of (position j in tile, 4-row group w) in the transposed shared tile.
 __device__ __forceinline__ int tile_word(int j, int w) { return j * 32 + (w ^ (4 * ((j >> 3) & 7))); }
 
-template <class Op, bool kBwd, typename InT>
-__global__ void __launch_bounds__(kThreads) act_kernel(const ActKernelParams p, const bool vec) {
+// Two resident blocks per SM (<= 128 registers, no spills); bandwidth comes from each block walking several row
+// tiles; single-stream kernels (unary forward, the casts) keep the next tile's loads in flight while computing the
+// current one (two or three input streams leave no registers for a second set).
+
+// kVecPath: every chunk is 8 aligned elements (cols % 8 == 0, aligned pointers), so rows load and store as 16-byte
+// vectors; the general instantiation handles ragged shapes element by element.
+template <class Op, bool kBwd, typename InT, bool kVecPath>
+__global__ void __launch_bounds__(kThreads, 2) act_kernel(const ActKernelParams p) {
+  constexpr bool vec = kVecPath;
   constexpr bool kGated = Op::kGated;
   constexpr bool kTwoOut = kBwd && kGated;
   constexpr int kOuts = kTwoOut ? 2 : 1;
@@ -72,6 +77,7 @@ __global__ void __launch_bounds__(kThreads) act_kernel(const ActKernelParams p, 
   const bool fp8 = mode_writes_fp8(p.mode);
   const bool plain = p.mode == ScaleMode::kPlain;
   const bool track_amax = mode_tracks_amax(p.mode);
+  const bool want_t = fp8 && p.out_t != nullptr;
   const float scale = fp8 ? mode_scale(p) : 1.0f;
   if (fp8 && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
 
@@ -87,78 +93,94 @@ __global__ void __launch_bounds__(kThreads) act_kernel(const ActKernelParams p, 
 #pragma unroll
   for (int k = 0; k < kVec; ++k) dsum[k] = 0.0f;
 
-  for (int64_t m0 = int64_t(blockIdx.y) * kActBlockRows; m0 < rows; m0 += int64_t(gridDim.y) * kActBlockRows) {
+  constexpr bool kPrefetch = !kGated && !kBwd;
+  const int64_t m_step = int64_t(gridDim.y) * kActBlockRows;
+  Vec8<InT> ra[kRowsPerThread], rb[kRowsPerThread], rg[kRowsPerThread];
+  auto load_tile = [&](int64_t m, Vec8<InT>(&la)[kRowsPerThread], Vec8<InT>(&lb)[kRowsPerThread],
+                       Vec8<InT>(&lg)[kRowsPerThread]) {
+    const int64_t r = m + rgroup * kRowsPerThread;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int n = r + i < rows ? n_valid : 0;
+      la[i] = load8(x + (r + i) * x_stride + c0, vec, n);
+      if (kGated) lb[i] = load8(x + (r + i) * x_stride + cols + c0, vec, n);
+      if (kBwd) lg[i] = load8(g + (r + i) * cols + c0, vec, n);
+    }
+  };
+  if (kPrefetch && int64_t(blockIdx.y) * kActBlockRows < rows) load_tile(int64_t(blockIdx.y) * kActBlockRows, ra, rb, rg);
+  for (int64_t m0 = int64_t(blockIdx.y) * kActBlockRows; m0 < rows; m0 += m_step) {
     const int64_t r0 = m0 + rgroup * kRowsPerThread;
-    float va[kRowsPerThread][kVec], vb[kRowsPerThread][kVec], vg[kRowsPerThread][kVec];
+    Vec8<InT> na[kRowsPerThread], nb[kRowsPerThread], ng[kRowsPerThread];
+    if (kPrefetch) {
+      if (m0 + m_step < rows) load_tile(m0 + m_step, na, nb, ng);
+    } else {
+      load_tile(m0, ra, rb, rg);
+    }
+    uint32_t tw[kOuts][kVec];  // transposed copy: byte i of word k = code of (row r0+i, position c0+k)
+#pragma unroll
+    for (int h = 0; h < kOuts; ++h)
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) tw[h][k] = 0u;
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int n = r0 + i < rows ? n_valid : 0;
-      load8(x + (r0 + i) * x_stride + c0, vec, n, va[i]);
-      if (kGated) load8(x + (r0 + i) * x_stride + cols + c0, vec, n, vb[i]);
-      if (kBwd) load8(g + (r0 + i) * cols + c0, vec, n, vg[i]);
-    }
-    uint8_t codes[kOuts][kRowsPerThread][kVec];
-#pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
-      const bool row_ok = r0 + i < rows;
-      const int n = row_ok ? n_valid : 0;
       float out[kOuts][kVec];
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
+        const float a = to_float(ra[i].e[k]);
+        const float b = kGated ? to_float(rb[i].e[k]) : 0.0f;
         if constexpr (kBwd) {
           float da, db;
-          act_backward<Op>(vg[i][k], va[i][k], kGated ? vb[i][k] : 0.0f, p.act, da, db);
+          act_backward<Op>(to_float(rg[i].e[k]), a, b, p.act, da, db);
           out[0][k] = da;
           if constexpr (kTwoOut) out[kOuts - 1][k] = db;
         } else {
-          out[0][k] = act_forward<Op>(va[i][k], kGated ? vb[i][k] : 0.0f, p.act);
+          out[0][k] = act_forward<Op>(a, b, p.act);
         }
       }
 #pragma unroll
       for (int h = 0; h < kOuts; ++h) {
+        if (track_amax || p.dbias_partial != nullptr) {
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          if (k < n) {
-            if (track_amax) amax = amax_update(amax, out[h][k]);
-            if (p.dbias_partial) dsum[k] += out[h][k];
+          for (int k = 0; k < kVec; ++k) {
+            if (k < n) {
+              if (track_amax) amax = amax_update(amax, out[h][k]);
+              if (p.dbias_partial != nullptr) dsum[k] += out[h][k];
+            }
           }
         }
         const int64_t o_off = (r0 + i) * o_cols + h * cols + c0;
         if (plain) {
           if (n > 0) store8(static_cast<InT*>(p.out) + o_off, vec, n, out[h]);
         } else if (fp8) {
+          uint32_t w[2] = {0u, 0u};
 #pragma unroll
           for (int k = 0; k < kVec; k += 2) {
-            const uint16_t two = float2_to_fp8x2(fp8_scaled_value<InT>(out[h][k], p.mode, scale),
+            const uint32_t two = float2_to_fp8x2(fp8_scaled_value<InT>(out[h][k], p.mode, scale),
                                                  fp8_scaled_value<InT>(out[h][k + 1], p.mode, scale), p.e4m3);
-            codes[h][i][k] = uint8_t(two & 0xFFu);
-            codes[h][i][k + 1] = uint8_t(two >> 8);
+            w[k / 4] |= two << (8 * (k % 4));
+            tw[h][k] |= (two & 0xFFu) << (8 * i);
+            tw[h][k + 1] |= (two >> 8) << (8 * i);
           }
           if (p.out != nullptr && n > 0) {
             uint8_t* dst = static_cast<uint8_t*>(p.out) + o_off;
             if (vec && n == kVec) {
-              uint2 w;
-              w.x = uint32_t(codes[h][i][0]) | uint32_t(codes[h][i][1]) << 8 | uint32_t(codes[h][i][2]) << 16 |
-                    uint32_t(codes[h][i][3]) << 24;
-              w.y = uint32_t(codes[h][i][4]) | uint32_t(codes[h][i][5]) << 8 | uint32_t(codes[h][i][6]) << 16 |
-                    uint32_t(codes[h][i][7]) << 24;
-              *reinterpret_cast<uint2*>(dst) = w;
+              *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
             } else {
-              for (int k = 0; k < n; ++k) dst[k] = codes[h][i][k];
+#pragma unroll
+              for (int k = 0; k < kVec; ++k)
+                if (k < n) dst[k] = uint8_t(w[k / 4] >> (8 * (k % 4)));
             }
           }
         }
       }
     }
-    if (fp8 && p.out_t != nullptr) {
+    if (want_t) {
       // Stage the 128 x 64 code tile transposed: word (j, w) holds rows 4w..4w+3 of position j.
 #pragma unroll
       for (int h = 0; h < kOuts; ++h)
 #pragma unroll
-        for (int k = 0; k < kVec; ++k)
-          tile[h][tile_word(cchunk * kVec + k, rgroup)] =
-              uint32_t(codes[h][0][k]) | uint32_t(codes[h][1][k]) << 8 | uint32_t(codes[h][2][k]) << 16 |
-              uint32_t(codes[h][3][k]) << 24;
+        for (int k = 0; k < kVec; ++k) tile[h][tile_word(cchunk * kVec + k, rgroup)] = tw[h][k];
       __syncthreads();
       const bool rows_vec = (rows % 16 == 0) && ((reinterpret_cast<uintptr_t>(p.out_t) & 15) == 0);
 #pragma unroll
@@ -175,13 +197,24 @@ __global__ void __launch_bounds__(kThreads) act_kernel(const ActKernelParams p, 
             if (rows_vec && m + 16 <= rows) {
               *reinterpret_cast<uint4*>(dst) = w;
             } else {
-              const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-              for (int b = 0; b < 16 && m + b < rows; ++b) dst[b] = uint8_t(words[b / 4] >> (8 * (b % 4)));
+#pragma unroll
+              for (int b = 0; b < 16; ++b) {
+                const uint32_t word = b < 4 ? w.x : (b < 8 ? w.y : (b < 12 ? w.z : w.w));
+                if (m + b < rows) dst[b] = uint8_t(word >> (8 * (b % 4)));
+              }
             }
           }
         }
       }
       __syncthreads();
+    }
+    if (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        ra[i] = na[i];
+        if (kGated) rb[i] = nb[i];
+        if (kBwd) rg[i] = ng[i];
+      }
     }
   }
 
@@ -197,14 +230,16 @@ __global__ void __launch_bounds__(kThreads) act_kernel(const ActKernelParams p, 
     }
   }
   if (p.dbias_partial != nullptr) {
-    // Column sums over this block's rows: reduce the 32 row groups that share a position chunk.
-    __shared__ float dred[32][kTileCols + 1];
+    // Column sums over this block's rows: reduce the 32 row groups that share a position chunk. The transposed
+    // tile's storage is free by now and large enough (32 x 64 floats).
+    float* dred = reinterpret_cast<float*>(&tile[0][0]);
+    __syncthreads();
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) dred[rgroup][cchunk * kVec + k] = dsum[k];
+    for (int k = 0; k < kVec; ++k) dred[rgroup * kTileCols + cchunk * kVec + k] = dsum[k];
     __syncthreads();
     if (tid < kTileCols && col_base + tid < cols) {
       float s = 0.0f;
-      for (int w = 0; w < 32; ++w) s += dred[w][tid];
+      for (int w = 0; w < 32; ++w) s += dred[w * kTileCols + tid];
       p.dbias_partial[int64_t(blockIdx.y) * o_cols + col_base + tid] = s;
     }
   }
@@ -220,12 +255,18 @@ void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
   const int64_t col_blocks = (p.cols + kTileCols - 1) / kTileCols;
   if (col_blocks > 2147483647LL) core_fail("activation: too many columns");
   // An empty tensor still launches one block so that scale_inv is written (SPEC §4.10).
-  const dim3 grid(unsigned(col_blocks < 1 ? 1 : col_blocks), unsigned(dbias_partial_rows(p.rows)));
+  const dim3 grid(unsigned(col_blocks < 1 ? 1 : col_blocks), unsigned(act_row_blocks(p.rows, p.cols)));
   const int elt = in_dtype == DType::kFloat32 ? 4 : 2;
   auto aligned = [](const void* ptr, int bytes) { return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0; };
   const bool vec = p.cols % kVec == 0 && aligned(p.x, 16) && (p.grad == nullptr || aligned(p.grad, 16)) &&
                    (p.out == nullptr || aligned(p.out, p.mode == ScaleMode::kPlain ? 16 : 8)) && elt > 0;
-  TE_SWITCH_IN_DTYPE(in_dtype, T, { act_kernel<Op, kBwd, T><<<grid, kThreads, 0, stream>>>(p, vec); });
+  TE_SWITCH_IN_DTYPE(in_dtype, T, {
+    if (vec) {
+      act_kernel<Op, kBwd, T, true><<<grid, kThreads, 0, stream>>>(p);
+    } else {
+      act_kernel<Op, kBwd, T, false><<<grid, kThreads, 0, stream>>>(p);
+    }
+  });
   check_launch("activation kernel");
 }
 

@@ -36,7 +36,7 @@ struct ActKernelParams {
   float* amax = nullptr;            // [1] delayed: accumulated; current: written by kAmaxOnly, read by kCurrent
   float* scale_inv = nullptr;       // [1] written as fl(1/scale) by FP8 modes
   const float* noop = nullptr;      // [1] optional: 1.0 means write nothing
-  float* dbias_partial = nullptr;   // [dbias_partial_rows(rows), out_cols] FP32 column sums of the values
+  float* dbias_partial = nullptr;   // [act_row_blocks(rows, cols), out_cols] FP32 column sums of the values
   int64_t rows = 0;
   int64_t cols = 0;
   ActArgs act;
@@ -50,13 +50,19 @@ inline int64_t act_out_cols(ActKind k, bool backward, int64_t cols) {
   return (backward && act_is_gated(k)) ? 2 * cols : cols;
 }
 
-// Row blocks of the activation kernels (CUDA blocks along rows, CPU chunks): the dbias partial buffer has
-// one row per block.
+// Row blocks of the activation kernels (CUDA grid.y, CPU chunks). A block covers 64 positions and walks row
+// tiles of 128 with a stride of act_row_blocks * 128, so that about kActTargetBlocks blocks cover the tensor
+// and each one keeps loads in flight across several tiles. The dbias partial buffer has one row per row block.
+// Depends on the shape only (no device query), so the bridge can size buffers and CPU and CUDA agree.
 constexpr int64_t kActBlockRows = 128;
-constexpr int64_t kActMaxRowBlocks = 1024;
-inline int64_t dbias_partial_rows(int64_t rows) {
-  const int64_t blocks = (rows + kActBlockRows - 1) / kActBlockRows;
-  return blocks < 1 ? 1 : (blocks > kActMaxRowBlocks ? kActMaxRowBlocks : blocks);
+constexpr int64_t kActTileCols = 64;
+constexpr int64_t kActTargetBlocks = 2048;
+inline int64_t act_row_blocks(int64_t rows, int64_t cols) {
+  const int64_t row_tiles = (rows + kActBlockRows - 1) / kActBlockRows;
+  const int64_t col_blocks = cols < 1 ? 1 : (cols + kActTileCols - 1) / kActTileCols;
+  int64_t cap = (kActTargetBlocks + col_blocks - 1) / col_blocks;
+  if (cap > 65535) cap = 65535;
+  return row_tiles < 1 ? 1 : (row_tiles < cap ? row_tiles : cap);
 }
 
 // Parallel loop the host supplies for the CPU kernels: calls body(begin, end) over [0, n).

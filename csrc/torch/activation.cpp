@@ -146,7 +146,7 @@ std::vector<Tensor> activation_helper(ActRequest r, const QuantSpec& spec, Quant
   Tensor partial, grad_bias;
   if (r.with_dbias) {
     TORCH_CHECK_VALUE(!te::act_is_gated(r.kind), r.op, ": dbias is defined for unary activations only");
-    partial = at::empty({te::dbias_partial_rows(geo.rows), geo.out_cols}, r.x.options().dtype(at::kFloat));
+    partial = at::empty({te::act_row_blocks(geo.rows, geo.cols), geo.out_cols}, r.x.options().dtype(at::kFloat));
     grad_bias = at::empty({geo.out_cols}, r.x.options());
     p.dbias_partial = partial.data_ptr<float>();
   }
@@ -186,6 +186,11 @@ std::vector<Tensor> activation_helper(ActRequest r, const QuantSpec& spec, Quant
   return out;
 }
 
+using QOut = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+using QOutBias = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+QOut as_qout(const std::vector<Tensor>& v) { return {v[0], v[1], v[2], v[3], v[4], v[5]}; }
+QOutBias as_qout_bias(const std::vector<Tensor>& v) { return {v[0], v[1], v[2], v[3], v[4], v[5], v[6]}; }
+
 te::ActKind act_kind(const char* op, int64_t code) {
   TORCH_CHECK_VALUE(te::act_is_known(int(code)) && code != int64_t(te::ActKind::kIdentity), op,
                     ": activation code ", code, " is not known; accepted: 0..11 (TE's activation enum)");
@@ -217,33 +222,33 @@ Tensor dact(const Tensor& grad, const Tensor& x, int64_t code, double limit, dou
   return activation_helper(r, QuantSpec{}, nullptr)[0];
 }
 
-std::vector<Tensor> act_quantize(const Tensor& x, int64_t code, double limit, double alpha, double offset,
+QOut act_quantize(const Tensor& x, int64_t code, double limit, double alpha, double offset,
                                  TE_QSPEC_PARAMS) {
   ActRequest r{"act_quantize", act_kind("act_quantize", code), false, x, c10::nullopt, act_args(limit, alpha, offset),
                false};
-  return activation_helper(r, TE_QSPEC_ARGS("act_quantize", x), nullptr);
+  return as_qout(activation_helper(r, TE_QSPEC_ARGS("act_quantize", x), nullptr));
 }
 
-std::vector<Tensor> dact_quantize(const Tensor& grad, const Tensor& x, int64_t code, double limit, double alpha,
+QOut dact_quantize(const Tensor& grad, const Tensor& x, int64_t code, double limit, double alpha,
                                   double offset, TE_QSPEC_PARAMS) {
   ActRequest r{"dact_quantize", act_kind("dact_quantize", code), true, x, grad, act_args(limit, alpha, offset), false};
-  return activation_helper(r, TE_QSPEC_ARGS("dact_quantize", x), nullptr);
+  return as_qout(activation_helper(r, TE_QSPEC_ARGS("dact_quantize", x), nullptr));
 }
 
-std::vector<Tensor> dbias_dact(const Tensor& grad, const Tensor& x, int64_t code, TE_QSPEC_PARAMS) {
+QOutBias dbias_dact(const Tensor& grad, const Tensor& x, int64_t code, TE_QSPEC_PARAMS) {
   ActRequest r{"dbias_dact", act_kind("dbias_dact", code), true, x, grad, te::ActArgs{}, true};
-  return activation_helper(r, TE_QSPEC_ARGS("dbias_dact", x), nullptr);
+  return as_qout_bias(activation_helper(r, TE_QSPEC_ARGS("dbias_dact", x), nullptr));
 }
 
-std::vector<Tensor> quantize(const Tensor& x, TE_QSPEC_PARAMS) {
+QOut quantize(const Tensor& x, TE_QSPEC_PARAMS) {
   TORCH_CHECK_VALUE(qkind != 0, "quantize: a quantizer is required (use the tensor as it is)");
   ActRequest r{"quantize", te::ActKind::kIdentity, false, x, c10::nullopt, te::ActArgs{}, false};
-  return activation_helper(r, TE_QSPEC_ARGS("quantize", x), nullptr);
+  return as_qout(activation_helper(r, TE_QSPEC_ARGS("quantize", x), nullptr));
 }
 
-std::vector<Tensor> bgrad_quantize(const Tensor& x, TE_QSPEC_PARAMS) {
+QOutBias bgrad_quantize(const Tensor& x, TE_QSPEC_PARAMS) {
   ActRequest r{"bgrad_quantize", te::ActKind::kIdentity, false, x, c10::nullopt, te::ActArgs{}, true};
-  return activation_helper(r, TE_QSPEC_ARGS("bgrad_quantize", x), nullptr);
+  return as_qout_bias(activation_helper(r, TE_QSPEC_ARGS("bgrad_quantize", x), nullptr));
 }
 
 void quantize_into(const Tensor& x, TE_QSPEC_PARAMS, const c10::optional<Tensor>& row_data,

@@ -9,17 +9,20 @@
   "int qkind, int qdtype, bool rowwise, bool columnwise, int qflags, float amax_epsilon, int block_dim, "    \
   "Tensor? scale, Tensor(a!)? amax, Tensor? noop"
 #define TE_ACT_ARGS "int act, float limit, float alpha, float offset"
+// The quantized pieces, as a fixed tuple (a Tensor[] return beside a mutable argument cannot be functionalized
+// by torch.compile): row_data, row_scale_inv, col_data, col_scale_inv, amax_row, amax_col.
+#define TE_QOUT "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor"
 
 TORCH_LIBRARY(te, m) {
   m.def("act(Tensor x, " TE_ACT_ARGS ") -> Tensor");
   m.def("dact(Tensor grad, Tensor x, " TE_ACT_ARGS ") -> Tensor");
-  m.def("act_quantize(Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> Tensor[]");
-  m.def("dact_quantize(Tensor grad, Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> Tensor[]");
-  m.def("dbias_dact(Tensor grad, Tensor x, int act, " TE_QSPEC ") -> Tensor[]");
-  m.def("quantize(Tensor x, " TE_QSPEC ") -> Tensor[]");
+  m.def("act_quantize(Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> (" TE_QOUT ")");
+  m.def("dact_quantize(Tensor grad, Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> (" TE_QOUT ")");
+  m.def("dbias_dact(Tensor grad, Tensor x, int act, " TE_QSPEC ") -> (Tensor, " TE_QOUT ")");
+  m.def("quantize(Tensor x, " TE_QSPEC ") -> (" TE_QOUT ")");
   m.def("quantize_into(Tensor x, " TE_QSPEC
         ", Tensor(b!)? row_data, Tensor(c!)? row_scale_inv, Tensor(d!)? col_data, Tensor(e!)? col_scale_inv) -> ()");
-  m.def("bgrad_quantize(Tensor x, " TE_QSPEC ") -> Tensor[]");
+  m.def("bgrad_quantize(Tensor x, " TE_QSPEC ") -> (Tensor, " TE_QOUT ")");
   m.def("dequantize_fp8(Tensor data, Tensor scale_inv, int fp8_dtype, ScalarType otype) -> Tensor");
   m.def("compute_amax(Tensor x, Tensor(a!) amax) -> ()");
   m.def("fused_amax_and_scale_update(Tensor? amax_reduction_buffer, Tensor(a!)[] amax_histories, "

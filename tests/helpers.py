@@ -1,0 +1,135 @@
+"""Shared helpers for the test files: devices, dtypes, input generators, quantizer builders."""
+import math
+
+import pytest
+import torch
+
+import reference as ref
+
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])
+DEVICE_PARAMS = [pytest.param("cpu", id="cpu"),
+                 pytest.param("cuda", id="cuda", marks=[pytest.mark.cuda])]
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPE_IDS = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+DTYPE_PARAMS = [pytest.param(d, id=DTYPE_IDS[d]) for d in DTYPES]
+FMTS = ["e4m3", "e5m2"]
+
+
+def tex_module():
+    import transformer_engine_torch as tex  # noqa: F401  (imported lazily so collection errors are clear)
+    return tex
+
+
+def fp8_dtype(fmt):
+    tex = tex_module()
+    return tex.DType.kFloat8E4M3 if ref.fmt_of(fmt) == "e4m3" else tex.DType.kFloat8E5M2
+
+
+def gen():
+    g = torch.Generator()
+    g.manual_seed(20240607)
+    return g
+
+
+def uniform(shape, dtype=torch.float32, device="cpu", lo=-3.0, hi=3.0, g=None):
+    """Values drawn on CPU in FP32 from [lo, hi), rounded to dtype, moved to device."""
+    g = g or gen()
+    x = torch.rand(tuple(shape), generator=g, dtype=torch.float32) * (hi - lo) + lo
+    return x.to(dtype).to(device)
+
+
+def wide_random(shape, dtype=torch.float32, device="cpu", g=None):
+    """Half uniform in [-3, 3], half log-uniform magnitudes (both signs) spanning FP8
+    underflow to saturation for the scales used in the tests, kept finite in `dtype`."""
+    g = g or gen()
+    shape = tuple(shape)
+    n = int(math.prod(shape))
+    u = torch.rand(n, generator=g) * 6 - 3
+    lo, hi = (-26.0, 15.0) if dtype == torch.float16 else (-30.0, 17.0)
+    mag = torch.exp2(torch.rand(n, generator=g) * (hi - lo) + lo)
+    sgn = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
+    pick = torch.rand(n, generator=g) < 0.5
+    x = torch.where(pick, u, sgn * mag)
+    if dtype == torch.float16:
+        x = x.clamp(-60000.0, 60000.0)
+    return x.to(dtype).reshape(shape).to(device)
+
+
+def random_bits(shape, dtype, g=None, device="cpu"):
+    """Uniformly random bit patterns (NaN, Inf, subnormals included) of a float dtype."""
+    g = g or gen()
+    n = int(math.prod(shape))
+    if dtype == torch.float32:
+        b = torch.randint(-2**31, 2**31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32)
+        x = b.view(torch.float32)
+    else:
+        b = torch.randint(-2**15, 2**15 - 1, (n,), generator=g, dtype=torch.int32).to(torch.int16)
+        x = b.view(dtype)
+    return x.reshape(tuple(shape)).to(device)
+
+
+def special_values(dtype):
+    """A fixed vector of edge values in dtype: zeros, max finite, smallest subnormal, +-Inf, NaN."""
+    fi = torch.finfo(dtype)
+    vals = [0.0, -0.0, 1.0, -1.0, fi.max, -fi.max, fi.tiny, -fi.tiny, fi.smallest_normal / 4,
+            -fi.smallest_normal / 8, math.inf, -math.inf, math.nan, 3.0, -3.0, 0.5, 7.0, -7.0, 8.0, -8.0,
+            1e-3, -1e-3, 20.0, -20.0, 100.0, -100.0]
+    t = torch.tensor(vals, dtype=torch.float64).to(dtype)
+    sub = torch.tensor([1], dtype=torch.int16 if dtype != torch.float32 else torch.int32).view(dtype)
+    return torch.cat([t, sub, -sub])
+
+
+def delayed_quantizer(scale_value, fmt, device="cpu", amax_value=0.0, rowwise=True, columnwise=True):
+    """tex.Float8Quantizer with fresh float32 [1] scale / amax tensors; returns (q, scale, amax)."""
+    tex = tex_module()
+    scale = torch.tensor([scale_value], dtype=torch.float32, device=device)
+    amax = torch.tensor([amax_value], dtype=torch.float32, device=device)
+    q = tex.Float8Quantizer(scale, amax, fp8_dtype(fmt), rowwise=rowwise, columnwise=columnwise)
+    return q, scale, amax
+
+
+def current_quantizer(fmt, pow2=False, eps=0.0, rowwise=True, columnwise=True):
+    tex = tex_module()
+    return tex.Float8CurrentScalingQuantizer(fp8_dtype(fmt), rowwise=rowwise, columnwise=columnwise,
+                                             force_pow_2_scales=pow2, amax_epsilon=eps)
+
+
+def cpu(t):
+    return None if t is None else t.detach().cpu()
+
+
+def call_act(name, x, q, **params):
+    tex = tex_module()
+    return getattr(tex, name)(x, q, **params)
+
+
+def call_dact(name, g, x, q, **params):
+    tex = tex_module()
+    return getattr(tex, ref.DACT_NAMES[name])(g, x, q, **params)
+
+
+def check_float8_tensor(qt, shape, dtype, fmt, rowwise=True, columnwise=True):
+    """Structural checks of a tex.Float8Tensor (SPEC §4.9)."""
+    tex = tex_module()
+    assert isinstance(qt, tex.Float8Tensor), type(qt)
+    assert tuple(qt.shape) == tuple(shape)
+    assert qt.dtype == dtype
+    assert int(qt._fp8_dtype) == ref.DTYPE_INT[ref.fmt_of(fmt)]
+    assert qt._scale_inv.dtype == torch.float32 and qt._scale_inv.numel() == 1
+    if rowwise:
+        assert qt._data is not None and qt._data.dtype == torch.uint8
+        assert tuple(qt._data.shape) == tuple(shape)
+        assert qt._data.is_contiguous()
+    else:
+        assert qt._data is None
+    if columnwise:
+        assert qt._transpose is not None and qt._transpose.dtype == torch.uint8
+        if len(shape) >= 1:
+            assert tuple(qt._transpose.shape) == (shape[-1],) + tuple(shape[:-1])
+        else:
+            assert qt._transpose.numel() == 1
+        assert qt._transpose.is_contiguous()
+    else:
+        assert qt._transpose is None

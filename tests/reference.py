@@ -1,0 +1,542 @@
+"""Naive, independent pure-PyTorch references for SPEC §2 (FP8 encode), §3 (activations),
+§4.2-§4.4 (per-tensor delayed / current scaling, delayed-scaling update) and §5 (fusion paths).
+
+Every rounding step is spelled out:
+- "fp32 op" means a float32 torch tensor op on CPU, which rounds once, to nearest even (IEEE).
+- Activations are evaluated in float64 (the "math" value); a path that needs the FP32 activation
+  rounds that float64 value to float32 once, which can differ from the kernel's own FP32 math by
+  an ulp or two; that is why activation -> FP8 codes are compared with `assert_codes_rn_forgiving`.
+- FP8 encode = clamp to +-fp8_max (saturate, Inf included), then torch's RNE `.to(float8)`, then
+  NaN -> 0x7F whatever its sign.  `fp8_encode_scalar` is a second, torch-free float64
+  implementation used to validate the tensor encoder (tests/test_reference.py).
+
+Formats are named "e4m3" / "e5m2"; `fmt_of` converts torch dtypes, DType ints and names.
+"""
+import math
+
+import torch
+
+F32 = torch.float32
+F64 = torch.float64
+FLT_MAX = torch.finfo(torch.float32).max
+
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+FP8_TORCH = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8_MANT_BITS = {"e4m3": 3, "e5m2": 2}
+FP8_EXP_BIAS = {"e4m3": 7, "e5m2": 15}
+FP8_MAX_CODE = {"e4m3": 0x7E, "e5m2": 0x7B}
+FP8_NAN_CODE = 0x7F
+DTYPE_INT = {"e4m3": 7, "e5m2": 8}
+
+
+def fmt_of(fp8_dtype):
+    """'e4m3' / 'e5m2' from a name, a torch float8 dtype, or a DType int (7 / 8)."""
+    if isinstance(fp8_dtype, str):
+        s = fp8_dtype.lower()
+        assert s in FP8_MAX, s
+        return s
+    if fp8_dtype is torch.float8_e4m3fn:
+        return "e4m3"
+    if fp8_dtype is torch.float8_e5m2:
+        return "e5m2"
+    v = int(fp8_dtype)
+    if v == 7:
+        return "e4m3"
+    if v == 8:
+        return "e5m2"
+    raise ValueError(f"not an FP8 dtype: {fp8_dtype!r}")
+
+
+def f32(v):
+    """Python float rounded to float32 (as a Python float)."""
+    return float(torch.tensor(v, dtype=F32))
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 encode / decode
+# ----------------------------------------------------------------------------------------------
+def fp8_encode(x, fmt):
+    """FP32 tensor -> uint8 FP8 codes, SPEC §2: RNE, saturate to finite, NaN -> 0x7F, -tiny -> 0x80."""
+    fmt = fmt_of(fmt)
+    assert x.dtype == F32, "the encoder takes FP32 values; round to FP32 explicitly first"
+    fmax = FP8_MAX[fmt]
+    nan = torch.isnan(x)
+    clamped = torch.clamp(x, -fmax, fmax)          # saturate (also +-Inf); sign of zero is kept
+    codes = clamped.to(FP8_TORCH[fmt]).view(torch.uint8)
+    return torch.where(nan, torch.full_like(codes, FP8_NAN_CODE), codes)
+
+
+def fp8_decode(codes, fmt):
+    """uint8 codes -> exact float32 values (NaN codes -> NaN, E5M2 Inf codes -> Inf)."""
+    fmt = fmt_of(fmt)
+    assert codes.dtype == torch.uint8
+    return codes.view(FP8_TORCH[fmt]).to(F32)
+
+
+def fp8_decode_scalar(code, fmt):
+    """Torch-free float64 decode of one code."""
+    fmt = fmt_of(fmt)
+    mb, bias = FP8_MANT_BITS[fmt], FP8_EXP_BIAS[fmt]
+    sign = -1.0 if code & 0x80 else 1.0
+    e = (code & 0x7F) >> mb
+    m = code & ((1 << mb) - 1)
+    if fmt == "e4m3" and (code & 0x7F) == 0x7F:
+        return math.nan
+    if fmt == "e5m2" and e == 31:
+        return sign * math.inf if m == 0 else math.nan
+    if e == 0:
+        return sign * m * 2.0 ** (1 - bias - mb)
+    return sign * (1.0 + m / (1 << mb)) * 2.0 ** (e - bias)
+
+
+def fp8_encode_scalar(v, fmt):
+    """Torch-free float64 implementation of the SPEC §2 FP32 -> FP8 rule for one value."""
+    fmt = fmt_of(fmt)
+    if math.isnan(v):
+        return FP8_NAN_CODE
+    mb, bias, fmax = FP8_MANT_BITS[fmt], FP8_EXP_BIAS[fmt], FP8_MAX[fmt]
+    sign = 0x80 if math.copysign(1.0, v) < 0 else 0x00
+    a = abs(v)
+    if a >= fmax:                                   # saturate (Inf included)
+        return sign | FP8_MAX_CODE[fmt]
+    emin = 1 - bias                                 # exponent of the smallest normal
+    e = max(math.frexp(a)[1] - 1, emin) if a > 0 else emin
+    quantum = 2.0 ** (e - mb)                       # spacing of the grid around a
+    r = round(a / quantum)                          # exact quotient; Python rounds half to even
+    val = r * quantum
+    if val > fmax:                                  # rounded past the largest finite: saturate
+        return sign | FP8_MAX_CODE[fmt]
+    if val == 0:
+        return sign
+    if val < 2.0 ** emin:                           # subnormal
+        return sign | int(val / 2.0 ** (emin - mb))
+    ev = math.frexp(val)[1] - 1
+    mant = int((val / 2.0 ** ev - 1.0) * (1 << mb))
+    return sign | ((ev + bias) << mb) | mant
+
+
+def fp8_finite_values(fmt):
+    """Sorted float64 list of the non-negative finite values of the format (code order)."""
+    fmt = fmt_of(fmt)
+    return [fp8_decode_scalar(c, fmt) for c in range(FP8_MAX_CODE[fmt] + 1)]
+
+
+def fp8_boundary_values(fmt):
+    """FP32 tensor: every finite code value, every midpoint, their FP32 neighbours, and values
+    around the saturation point, the subnormal underflow point, +-Inf and NaN; both signs."""
+    fmt = fmt_of(fmt)
+    vals = fp8_finite_values(fmt)
+    mids = [(a + b) / 2 for a, b in zip(vals[:-1], vals[1:])]
+    fmax = FP8_MAX[fmt]
+    step = vals[-1] - vals[-2]
+    extra = [fmax + step / 2, fmax + step, fmax * 1.5, fmax * 2, 1e30, FLT_MAX,
+             vals[1] / 2, vals[1] / 4, vals[1] * 0.75, 1e-30, 1e-38, 1e-45]
+    base = torch.tensor(vals + mids + extra, dtype=F32)
+    up = torch.nextafter(base, torch.full_like(base, math.inf))
+    down = torch.nextafter(base, torch.zeros_like(base))
+    pos = torch.cat([base, up, down])
+    specials = torch.tensor([math.inf, math.nan], dtype=F32)
+    allv = torch.cat([pos, specials])
+    return torch.cat([allv, -allv])
+
+
+def fp8_ordinal(codes, fmt):
+    """Position of each code in the real-line order of the format (+0 and -0 both 0)."""
+    c = codes.to(torch.int32)
+    mag = c & 0x7F
+    return torch.where((c & 0x80) != 0, -mag, mag)
+
+
+def fp8_is_nan_code(codes, fmt):
+    fmt = fmt_of(fmt)
+    mag = codes.to(torch.int32) & 0x7F
+    if fmt == "e4m3":
+        return mag == 0x7F
+    return mag > 0x7C
+
+
+# ----------------------------------------------------------------------------------------------
+# amax and per-tensor scaling (SPEC §2 amax, §4.2, §4.4)
+# ----------------------------------------------------------------------------------------------
+def amax_ref(x):
+    """max |x| in FP32, NaN ignored, empty -> 0. Returns a 0-d float32 tensor."""
+    a = x.detach().to(F32).abs().reshape(-1)
+    a = torch.where(torch.isnan(a), torch.zeros_like(a), a)
+    if a.numel() == 0:
+        return torch.zeros((), dtype=F32)
+    return a.max()
+
+
+def reciprocal_f32(s):
+    """fl(1/s) in FP32."""
+    return torch.ones((), dtype=F32) / s.to(F32)
+
+
+def clear_mantissa(s):
+    """Round a positive FP32 value down to a power of two (clear the 23 mantissa bits)."""
+    bits = s.to(F32).reshape(()).view(torch.int32)
+    return torch.bitwise_and(bits, torch.tensor(-8388608, dtype=torch.int32)).view(F32)  # 0xFF800000
+
+
+def current_scale_ref(amax, fmt, pow2=False, eps=0.0):
+    """SPEC §4.4 step 3. amax: 0-d float32 tensor. Returns a 0-d float32 scale."""
+    fmt = fmt_of(fmt)
+    a = amax.to(F32).reshape(())
+    eps32 = torch.tensor(eps, dtype=F32)
+    if bool(a < eps32):
+        a = eps32
+    if bool(a == 0) or bool(torch.isinf(a)) or bool(torch.isnan(a)):
+        scale = torch.ones((), dtype=F32)
+    else:
+        scale = torch.tensor(FP8_MAX[fmt], dtype=F32) / a      # fp32 division
+        if bool(torch.isinf(scale)):
+            scale = torch.tensor(FLT_MAX, dtype=F32)
+    if pow2:
+        scale = clear_mantissa(scale)
+    return scale
+
+
+class QRef:
+    """Result of a reference quantization: codes (input shape), transposed codes, scale_inv, amax."""
+
+    def __init__(self, codes, scale_inv, amax=None, scale=None):
+        self.codes = codes
+        self.t_codes = transpose_codes(codes)
+        self.scale_inv = scale_inv.reshape(1)
+        self.amax = None if amax is None else amax.reshape(1)
+        self.scale = scale
+
+
+def transpose_codes(codes):
+    """[d0..dn-2, K] -> the [K, M] bitwise transpose, reshaped to (K,) + shape[:-1].
+    0-d -> shape (1,)."""
+    if codes.dim() == 0:
+        return codes.reshape(1).clone()
+    K = codes.shape[-1]
+    M = codes.numel() // K if K else int(torch.tensor(codes.shape[:-1]).prod().item())
+    return codes.reshape(M, K).t().contiguous().reshape((K,) + tuple(codes.shape[:-1]))
+
+
+def quantize_delayed_ref(x, scale, amax_old, fmt):
+    """SPEC §4.2: q = fp8(fl(x * scale)), amax_new = max(amax_old, amax(x)), scale_inv = fl(1/scale)."""
+    fmt = fmt_of(fmt)
+    s = scale.to(F32).reshape(())
+    xf = x.detach().to(F32)
+    codes = fp8_encode(xf * s, fmt)                     # one fp32 multiply, then the encoder
+    amax_new = torch.maximum(amax_old.to(F32).reshape(()), amax_ref(xf))
+    return QRef(codes, reciprocal_f32(s), amax_new, s)
+
+
+def quantize_current_ref(x, fmt, pow2=False, eps=0.0, amax=None, data=None):
+    """SPEC §4.4: amax over `x` (or the given amax), scale rule, q = fp8(fl(data * scale)).
+    `data` defaults to x (the fused activation path passes the rounded activation here)."""
+    fmt = fmt_of(fmt)
+    xf = x.detach().to(F32)
+    a = amax_ref(xf) if amax is None else amax.to(F32).reshape(())
+    scale = current_scale_ref(a, fmt, pow2, eps)
+    d = xf if data is None else data.detach().to(F32)
+    codes = fp8_encode(d * scale, fmt)
+    return QRef(codes, reciprocal_f32(scale), a, scale)
+
+
+def dequantize_ref(codes, scale_inv, fmt, otype):
+    """fl(decode(code) * scale_inv) in FP32, rounded once to otype."""
+    return (fp8_decode(codes, fmt) * scale_inv.to(F32).reshape(())).to(otype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Delayed-scaling update (SPEC §4.3)
+# ----------------------------------------------------------------------------------------------
+def amax_and_scale_update_ref(buffer, histories, scales, algo, fmt, margin):
+    """Returns new (histories, scales) lists; the inputs are not modified."""
+    fmt = fmt_of(fmt)
+    fmax_m = torch.tensor(FP8_MAX[fmt], dtype=F32) * torch.tensor(2.0 ** (-margin), dtype=F32)
+    new_h, new_s = [], []
+    off = 0
+    for hist, scale in zip(histories, scales):
+        h = hist.detach().to(F32).clone()
+        s = scale.detach().to(F32).clone()
+        L, n = h.shape
+        for j in range(n):
+            last = h[0, j].clone()
+            if buffer is not None and float(buffer[off + j]) != 0.0:
+                last = buffer[off + j].to(F32).clone()
+            if float(last) != 0.0:
+                old = h[:, j].clone()
+                if algo == "max":
+                    amax = torch.max(torch.cat([old[1:], last.reshape(1)]))
+                else:
+                    amax = last
+                col = torch.zeros(L, dtype=F32)
+                if L > 1:
+                    col[1:L - 1] = old[2:L]
+                    col[L - 1] = last
+                h[:, j] = col
+            else:
+                amax = torch.zeros((), dtype=F32)
+            if bool(torch.isfinite(amax)) and float(amax) > 0:
+                sc = fmax_m / amax
+                if bool(torch.isinf(sc)):
+                    sc = torch.tensor(FLT_MAX, dtype=F32)
+                s[j] = sc
+        off += n
+        new_h.append(h)
+        new_s.append(s)
+    return new_h, new_s
+
+
+# ----------------------------------------------------------------------------------------------
+# Activations in float64 (SPEC §3)
+# ----------------------------------------------------------------------------------------------
+C_SQRT_2_PI = f32(0.79788456)
+C_GELU_CUBIC = f32(0.03567741)
+C_GELU_D = f32(0.1070322243)
+C_044715 = f32(0.044715)
+C_QGELU = f32(1.702)
+
+ACT_NAMES = ["gelu", "geglu", "qgelu", "qgeglu", "relu", "reglu", "srelu", "sreglu",
+             "silu", "swiglu", "glu", "clamped_swiglu"]
+DACT_NAMES = {n: ("clamped_dswiglu" if n == "clamped_swiglu" else "d" + n) for n in ACT_NAMES}
+GATED = {"geglu", "qgeglu", "reglu", "sreglu", "swiglu", "glu", "clamped_swiglu"}
+# gated op -> the nonlinearity applied to the first half
+BASE = {"gelu": "gelu", "geglu": "gelu", "qgelu": "qgelu", "qgeglu": "qgelu", "relu": "relu",
+        "reglu": "relu", "srelu": "srelu", "sreglu": "srelu", "silu": "silu", "swiglu": "silu",
+        "glu": "sigmoid"}
+DBIAS_NAMES = {"dbias_dgelu": "gelu", "dbias_dsilu": "silu", "dbias_drelu": "relu",
+               "dbias_dqgelu": "qgelu", "dbias_dsrelu": "srelu"}
+ACT_CODE = {"gelu": 0, "geglu": 1, "glu": 2, "silu": 3, "swiglu": 4, "relu": 5, "reglu": 6,
+            "qgelu": 7, "qgeglu": 8, "srelu": 9, "sreglu": 10, "clamped_swiglu": 11}
+
+
+def _sig(z):
+    return 1.0 / (1.0 + torch.exp(-z))
+
+
+def _f(base, x):
+    if base == "gelu":
+        return x * (0.5 + 0.5 * torch.tanh(x * (C_SQRT_2_PI + C_GELU_CUBIC * x * x)))
+    if base == "qgelu":
+        return x * _sig(C_QGELU * x)
+    if base == "relu":
+        return torch.where(x > 0, x, torch.zeros_like(x))
+    if base == "srelu":
+        return torch.where(x > 0, x * x, torch.zeros_like(x))
+    if base == "silu":
+        return x * _sig(x)
+    if base == "sigmoid":
+        return _sig(x)
+    raise KeyError(base)
+
+
+def _df(base, x):
+    if base == "gelu":
+        t = torch.tanh(C_SQRT_2_PI * x * (1.0 + C_044715 * x * x))
+        return 0.5 * x * (1.0 - t * t) * (C_SQRT_2_PI + C_GELU_D * x * x) + 0.5 * (1.0 + t)
+    if base == "qgelu":
+        s = _sig(C_QGELU * x)
+        return C_QGELU * x * s * (1.0 - s) + s
+    if base == "relu":
+        return (x > 0).to(x.dtype)
+    if base == "srelu":
+        return torch.clamp(2.0 * x, min=0.0)
+    if base == "silu":
+        s = _sig(x)
+        return x * s * (1.0 - s) + s
+    if base == "sigmoid":
+        s = _sig(x)
+        return s * (1.0 - s)
+    raise KeyError(base)
+
+
+def _halves(x):
+    H = x.shape[-1] // 2
+    return x[..., :H], x[..., H:]
+
+
+def act_ref(name, x, limit=7.0, alpha=1.702, offset=1.0):
+    """float64 forward of tex.<name>; x is converted exactly to float64 (differentiable)."""
+    x = x.to(F64)
+    if name == "clamped_swiglu":
+        a, b = _halves(x)
+        L, al, c = f32(limit), f32(alpha), f32(offset)
+        ac = torch.clamp(a, max=L)
+        act = ac * _sig(al * ac)
+        return act * (torch.clamp(b, -L, L) + c)
+    base = BASE[name]
+    if name in GATED:
+        a, b = _halves(x)
+        return _f(base, a) * b
+    return _f(base, x)
+
+
+def dact_ref(name, g, x, limit=7.0, alpha=1.702, offset=1.0):
+    """float64 backward of tex.d<name>(g, x): [d_a | d_b] for gated ops."""
+    x = x.detach().to(F64)
+    g = g.detach().to(F64)
+    if name == "clamped_swiglu":
+        a, b = _halves(x)
+        L, al, c = f32(limit), f32(alpha), f32(offset)
+        ac = torch.clamp(a, max=L)
+        s = _sig(al * ac)
+        act = ac * s
+        bp = torch.clamp(b, -L, L) + c
+        dact = torch.where(a <= L, s + al * ac * s * (1.0 - s), torch.zeros_like(a))
+        da = g * bp * dact
+        db = g * act * ((b >= -L) & (b <= L)).to(F64)
+        return torch.cat([da, db], dim=-1)
+    base = BASE[name]
+    if name in GATED:
+        a, b = _halves(x)
+        return torch.cat([g * b * _df(base, a), g * _f(base, a)], dim=-1)
+    return g * _df(base, x)
+
+
+def dbias_ref(base, g, x):
+    """(grad_bias float64 [K], grad_input float64) for dbias_d<base>."""
+    gi = g.detach().to(F64) * _df(base, x.detach().to(F64))
+    K = gi.shape[-1] if gi.dim() else 1
+    return gi.reshape(-1, K).sum(0), gi
+
+
+def out_shape(name, shape):
+    shape = tuple(shape)
+    if name in GATED:
+        return shape[:-1] + (shape[-1] // 2,)
+    return shape
+
+
+# ----------------------------------------------------------------------------------------------
+# Fusion paths (SPEC §5.1): activation -> FP8 references
+# ----------------------------------------------------------------------------------------------
+def rnd_in(v32, dtype):
+    """Round an FP32 tensor to the input dtype and widen back (identity for FP32)."""
+    return v32.to(dtype).to(F32)
+
+
+def act_fp8_delayed_ref(v64, scale, amax_old, fmt):
+    """FULLY_FUSED delayed: q = fp8(fl(act_f32 * scale)) on the UNROUNDED FP32 activation."""
+    v32 = v64.to(F32)
+    return quantize_delayed_ref(v32, scale, amax_old, fmt)
+
+
+def act_fp8_current_ref(v64, in_dtype, fmt, pow2=False, eps=0.0):
+    """FUSED_ACTIVATION_AMAX_FP8: amax of the unrounded FP32 activation, data rounded to the
+    input dtype before scaling."""
+    v32 = v64.to(F32)
+    return quantize_current_ref(v32, fmt, pow2, eps, amax=amax_ref(v32), data=rnd_in(v32, in_dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# Comparisons
+# ----------------------------------------------------------------------------------------------
+TOL = {F32: (1.3e-6, 1e-5), torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
+       F64: (1e-7, 1e-7)}
+FP8_TOL = {"e4m3": (0.125, 0.0675), "e5m2": (0.25, 0.125)}
+
+
+def within_tol(test, ref, rtol, atol):
+    """Boolean: |t - r| <= atol + rtol*|r| everywhere (NaNs must match)."""
+    t = test.detach().to(F64).cpu()
+    r = ref.detach().to(F64).cpu()
+    if t.shape != r.shape:
+        return False
+    nan_t, nan_r = torch.isnan(t), torch.isnan(r)
+    if not torch.equal(nan_t, nan_r):
+        return False
+    t, r = t[~nan_t], r[~nan_r]
+    inf = torch.isinf(r) | torch.isinf(t)
+    if not torch.equal(t[inf], r[inf]):
+        return False
+    t, r = t[~inf], r[~inf]
+    return bool(((t - r).abs() <= atol + rtol * r.abs()).all())
+
+
+def assert_close_tol(test, ref, dtype, msg=""):
+    rtol, atol = TOL[dtype]
+    t = test.detach().to(F64).cpu()
+    r = ref.detach().to(F64).cpu()
+    assert t.shape == r.shape, f"{msg}: shape {tuple(t.shape)} != {tuple(r.shape)}"
+    if not within_tol(t, r, rtol, atol):
+        err = (t - r).abs()
+        bound = atol + rtol * r.abs()
+        i = int(torch.argmax((err - bound).reshape(-1)))
+        raise AssertionError(
+            f"{msg}: tolerance (rtol={rtol}, atol={atol}) exceeded on "
+            f"{int((err > bound).sum())}/{t.numel()} elements; worst at flat index {i}: "
+            f"test={t.reshape(-1)[i].item()!r} ref={r.reshape(-1)[i].item()!r}")
+
+
+def codes_mismatch_report(test, ref, fmt, max_fraction=0.005):
+    """Returns None if `test` matches `ref` under the RN-forgiving rule of SPEC §9/§5.2, else a
+    message. Rule: equal codes (+0 == -0), or the two codes are neighbours in the format's
+    real-line order (one code apart, same side of zero) on at most max(1, 0.5 %) of the
+    elements; NaN codes must match exactly as NaN."""
+    test = test.detach().cpu()
+    ref = ref.detach().cpu()
+    if test.shape != ref.shape:
+        return f"shape {tuple(test.shape)} != {tuple(ref.shape)}"
+    if test.dtype != torch.uint8 or ref.dtype != torch.uint8:
+        return f"dtypes {test.dtype}, {ref.dtype} (expected uint8)"
+    n = test.numel()
+    if n == 0:
+        return None
+    nt, nr = fp8_is_nan_code(test, fmt), fp8_is_nan_code(ref, fmt)
+    if not torch.equal(nt, nr):
+        return f"NaN codes differ at {int((nt != nr).sum())} elements"
+    ot = fp8_ordinal(test, fmt)[~nt]
+    orf = fp8_ordinal(ref, fmt)[~nr]
+    diff = (ot - orf).abs()
+    if diff.numel() and int(diff.max()) > 1:
+        i = int(torch.argmax(diff))
+        return (f"a code differs by {int(diff[i])} steps (test 0x{int(test[~nt][i]):02x}, "
+                f"ref 0x{int(ref[~nr][i]):02x}); only one-code RN differences are forgiven")
+    sign_change = ((ot > 0) & (orf < 0)) | ((ot < 0) & (orf > 0))
+    if bool(sign_change.any()):
+        return "sign change"
+    nbad = int((diff == 1).sum())
+    cap = max(1, int(max_fraction * n))
+    if nbad > cap:
+        return f"{nbad}/{n} elements differ by one code (cap {cap} = 0.5 %)"
+    return None
+
+
+def assert_codes_rn_forgiving(test, ref, fmt, msg="", wrong=None):
+    """RN-forgiving FP8 code comparison; if `wrong` (codes of a wrong answer) is given, also
+    asserts that the wrong answer would NOT pass the same comparison."""
+    rep = codes_mismatch_report(test, ref, fmt)
+    assert rep is None, f"{msg}: {rep}"
+    if wrong is not None:
+        assert codes_mismatch_report(wrong, ref, fmt) is not None, \
+            f"{msg}: the comparison cannot tell a wrong answer apart"
+
+
+def assert_bytes_equal(test, ref, msg="", wrong=None):
+    """Bit-exact uint8 comparison; `wrong` (reference bytes of a wrong answer) must differ."""
+    test = test.detach().cpu()
+    ref = ref.detach().cpu()
+    assert test.dtype == ref.dtype, f"{msg}: dtype {test.dtype} != {ref.dtype}"
+    assert tuple(test.shape) == tuple(ref.shape), f"{msg}: shape {tuple(test.shape)} != {tuple(ref.shape)}"
+    if not torch.equal(test, ref):
+        ne = (test != ref)
+        i = int(torch.nonzero(ne.reshape(-1))[0])
+        raise AssertionError(f"{msg}: {int(ne.sum())}/{test.numel()} bytes differ; first at flat "
+                             f"index {i}: test 0x{int(test.reshape(-1)[i]):02x} "
+                             f"ref 0x{int(ref.reshape(-1)[i]):02x}")
+    if wrong is not None:
+        assert not torch.equal(wrong.detach().cpu(), ref), f"{msg}: a wrong answer would pass"
+
+
+def bits_equal(a, b):
+    """Bitwise equality of float tensors, NaNs compared as NaN (payloads may differ)."""
+    a = a.detach().cpu()
+    b = b.detach().cpu()
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    na, nb = torch.isnan(a), torch.isnan(b)
+    if not torch.equal(na, nb):
+        return False
+    ibits = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
+             torch.float64: torch.int64}[a.dtype]
+    return torch.equal(a[~na].view(ibits), b[~nb].view(ibits)) if a.numel() else True

@@ -1,0 +1,302 @@
+"""CUDA-only tests (marked cuda; skipped without a GPU): CPU/CUDA bit parity (SPEC §1.1 item 1),
+CUDA-graph capture + replay (item 6), torch.compile with inductor, device errors."""
+import math
+
+import pytest
+import torch
+
+import reference as ref
+from helpers import (DTYPE_PARAMS, FMTS, cpu, current_quantizer, delayed_quantizer, random_bits,
+                     special_values, tex_module, uniform, wide_random)
+
+pytestmark = pytest.mark.cuda
+
+QKINDS = [None, ("delayed", "e4m3", 3.5), ("delayed", "e5m2", -1.5), ("current", "e4m3", False),
+          ("current", "e5m2", True)]
+
+
+def mkq(k, device):
+    if k is None:
+        return None, None
+    kind, fmt, p = k
+    if kind == "delayed":
+        q, s, a = delayed_quantizer(p, fmt, device, amax_value=0.0)
+        return q, a
+    return current_quantizer(fmt, pow2=p), None
+
+
+def assert_same(o_cpu, o_cuda, msg):
+    if isinstance(o_cpu, torch.Tensor):
+        assert o_cuda.device.type == "cuda"
+        assert ref.bits_equal(o_cpu, cpu(o_cuda)), msg
+        return
+    assert o_cuda._data.device.type == "cuda"
+    for k in ["_data", "_transpose"]:
+        a, b = getattr(o_cpu, k), getattr(o_cuda, k)
+        assert (a is None) == (b is None), f"{msg} {k}"
+        if a is not None:
+            ref.assert_bytes_equal(cpu(b), a, f"{msg} {k}")
+    assert ref.bits_equal(o_cpu._scale_inv, cpu(o_cuda._scale_inv)), f"{msg} scale_inv"
+
+
+def _inputs(kind, shape, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "bits":
+        return random_bits(shape, dtype, g=g)
+    x = uniform(shape, dtype, g=g).reshape(-1)
+    sv = special_values(dtype)
+    x[: sv.numel()] = sv
+    x = x[torch.randperm(x.numel(), generator=g)]
+    return x.reshape(shape)
+
+
+@pytest.mark.parametrize("inp", ["uniform", "bits"])
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@pytest.mark.parametrize("name", ref.ACT_NAMES)
+def test_parity_activations(name, dtype, inp):
+    x = _inputs(inp, (64, 130), dtype, 1)
+    gshape = ref.out_shape(name, x.shape)
+    g = _inputs(inp, gshape, dtype, 2)
+    params_list = [{}]
+    if name == "clamped_swiglu":
+        params_list.append(dict(limit=3.0, alpha=1.25, glu_linear_offset=0.0))
+    for params in params_list:
+        for k in QKINDS:
+            outs = {}
+            amaxes = {}
+            for dev in ["cpu", "cuda"]:
+                q, a = mkq(k, dev)
+                y = getattr(tex_module(), name)(x.to(dev), q, **params)
+                q2, a2 = mkq(k, dev)
+                dx = getattr(tex_module(), ref.DACT_NAMES[name])(g.to(dev), x.to(dev), q2, **params)
+                outs[dev] = (y, dx)
+                amaxes[dev] = (a, a2)
+            msg = f"{name} {dtype} {inp} {k} {params}"
+            assert_same(outs["cpu"][0], outs["cuda"][0], msg + " fwd")
+            assert_same(outs["cpu"][1], outs["cuda"][1], msg + " bwd")
+            for ac, ag in zip(amaxes["cpu"], amaxes["cuda"]):
+                if ac is not None:
+                    assert ref.bits_equal(ac, cpu(ag)), msg + " amax"
+
+
+@pytest.mark.parametrize("inp", ["uniform", "bits"])
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@pytest.mark.parametrize("name", sorted(ref.DBIAS_NAMES))
+def test_parity_dbias(name, dtype, inp):
+    tex = tex_module()
+    x = _inputs(inp, (96, 130), dtype, 3)
+    g = _inputs(inp, (96, 130), dtype, 4)
+    for k in QKINDS:
+        res = {}
+        for dev in ["cpu", "cuda"]:
+            q, a = mkq(k, dev)
+            res[dev] = getattr(tex, name)(g.to(dev), x.to(dev), q) + (a,)
+        gb_c, gi_c, a_c = res["cpu"]
+        gb_g, gi_g, a_g = res["cuda"]
+        assert_same(gi_c, gi_g, f"{name} {k} grad_input")
+        if a_c is not None:
+            assert ref.bits_equal(a_c, cpu(a_g))
+        if inp == "uniform":   # sums: tolerance-compared (summation order is free)
+            rtol = 1.3e-6 * 96 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
+            assert ref.within_tol(cpu(gb_g), gb_c, rtol, 1e-4)
+
+
+@pytest.mark.parametrize("inp", ["wide", "bits"])
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@pytest.mark.parametrize("fmt", FMTS)
+def test_parity_quantize(fmt, dtype, inp):
+    tex = tex_module()
+    g = torch.Generator().manual_seed(5)
+    x = wide_random((611, 782), dtype, g=g) if inp == "wide" else random_bits((611, 782), dtype, g=g)
+    ks = [("delayed", fmt, s) for s in [0.375, 1.0, 3.5, -1.5]] + [("current", fmt, p) for p in [False, True]]
+    for k in ks:
+        res = {}
+        for dev in ["cpu", "cuda"]:
+            q, a = mkq(k, dev)
+            res[dev] = (tex.quantize(x.to(dev), q), a)
+        assert_same(res["cpu"][0], res["cuda"][0], f"quantize {k}")
+        if res["cpu"][1] is not None:
+            assert ref.bits_equal(res["cpu"][1], cpu(res["cuda"][1]))
+        # and both equal the reference
+        xr = x
+        r = (ref.quantize_delayed_ref(xr, torch.tensor([k[2]]), torch.zeros(1), fmt) if k[0] == "delayed"
+             else ref.quantize_current_ref(xr, fmt, pow2=k[2]))
+        ref.assert_bytes_equal(cpu(res["cuda"][0]._data), r.codes, f"cuda vs reference {k}")
+        ref.assert_bytes_equal(cpu(res["cuda"][0]._transpose), r.t_codes, f"cuda vs reference {k} T")
+
+
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+def test_parity_cast_helpers(dtype):
+    tex = tex_module()
+    x = wide_random((257, 259), dtype)
+    xb = random_bits((257, 259), dtype)
+    for inp in [x, xb]:
+        a_c, a_g = torch.zeros(1), torch.zeros(1, device="cuda")
+        tex.compute_amax(inp, a_c)
+        tex.compute_amax(inp.cuda(), a_g)
+        assert ref.bits_equal(a_c, cpu(a_g))
+    q_c, s_c, am_c = delayed_quantizer(2.0, "e4m3")
+    q_g, s_g, am_g = delayed_quantizer(2.0, "e4m3", "cuda")
+    gb_c, qt_c = tex.bgrad_quantize(x, q_c)
+    gb_g, qt_g = tex.bgrad_quantize(x.cuda(), q_g)
+    assert_same(qt_c, qt_g, "bgrad_quantize")
+    assert ref.bits_equal(am_c, cpu(am_g))
+    rtol = 1.3e-6 * 257 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
+    assert ref.within_tol(cpu(gb_g), gb_c, rtol, 1e-4)
+    t_c = tex.fp8_transpose(qt_c._data, tex.DType.kFloat8E4M3)
+    t_g = tex.fp8_transpose(qt_g._data, tex.DType.kFloat8E4M3)
+    assert torch.equal(t_c, cpu(t_g))
+    for algo in ["max", "most_recent"]:
+        hs = [torch.rand(6, 5) * 10, torch.rand(6, 3)]
+        hs[0][0, 2] = 0.0
+        hs[1][0, 0] = 1e-45
+        ss = [torch.ones(5), torch.ones(3) * 2]
+        hg, sg = [h.cuda() for h in hs], [s.cuda() for s in ss]
+        buf = torch.tensor([0.0, 3.0, 0.0, 0.0, 9.0, 0.0, 0.0, 4.0])
+        tex.fused_amax_and_scale_update_after_reduction(buf, hs, ss, algo, tex.DType.kFloat8E5M2, 1.0)
+        tex.fused_amax_and_scale_update_after_reduction(buf.cuda(), hg, sg, algo, tex.DType.kFloat8E5M2, 1.0)
+        for a, b in zip(hs + ss, hg + sg):
+            assert ref.bits_equal(a, cpu(b))
+
+
+# ------------------------------------------------------------------------------------------------
+# CUDA graphs
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("kind", ["delayed", "current"])
+def test_cuda_graph_gelu_fp8(kind, fmt):
+    tex = tex_module()
+    dev = "cuda"
+    dtype = torch.bfloat16
+
+    def make():
+        if kind == "delayed":
+            return delayed_quantizer(3.5, fmt, dev, amax_value=0.0)
+        return current_quantizer(fmt), None, None
+
+    x_static = uniform((256, 384), dtype, dev)
+    q_g, _, a_g = make()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            tex.gelu(x_static, q_g)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    if a_g is not None:
+        a_g.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_static = tex.gelu(x_static, q_g)
+    torch.cuda.synchronize()
+    if a_g is not None:
+        assert float(a_g) == 0.0, "capture must not run the kernels"
+    for step in range(3):
+        x_new = uniform((256, 384), dtype, dev, lo=-3.0 * (step + 1), hi=3.0 * (step + 1),
+                        g=torch.Generator().manual_seed(100 + step))
+        x_static.copy_(x_new)
+        graph.replay()
+        torch.cuda.synchronize()
+        if step == 0:
+            q_e, _, a_e = make()
+        y_e = tex.gelu(x_new, q_e)
+        torch.cuda.synchronize()
+        ref.assert_bytes_equal(cpu(y_static._data), cpu(y_e._data), f"graph step {step} data")
+        ref.assert_bytes_equal(cpu(y_static._transpose), cpu(y_e._transpose), f"graph step {step} T")
+        assert ref.bits_equal(cpu(y_static._scale_inv), cpu(y_e._scale_inv))
+        if a_g is not None:
+            assert ref.bits_equal(cpu(a_g), cpu(a_e)), "amax accumulates identically"
+
+
+def test_cuda_graph_quantize_noop():
+    """A captured quantize with a device-side noop flag: replay with noop=1 writes nothing."""
+    tex = tex_module()
+    dev = "cuda"
+    q, s, amax = delayed_quantizer(2.0, "e4m3", dev)
+    x_static = uniform((64, 96), torch.float16, dev)
+    noop = torch.zeros(1, device=dev)
+    out = tex.quantize(x_static, q)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tex.quantize(x_static, q, output=out, noop=noop)
+    x1 = uniform((64, 96), torch.float16, dev, lo=-10, hi=10, g=torch.Generator().manual_seed(3))
+    x_static.copy_(x1)
+    noop.fill_(1.0)
+    snap = [out._data.clone(), out._transpose.clone(), out._scale_inv.clone(), amax.clone()]
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip([out._data, out._transpose, out._scale_inv, amax], snap):
+        assert torch.equal(a, b)
+    noop.fill_(0.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    r = ref.quantize_delayed_ref(cpu(x1), torch.tensor([2.0]), cpu(snap[3]), "e4m3")
+    ref.assert_bytes_equal(cpu(out._data), r.codes, "graph noop=0")
+    assert torch.equal(cpu(amax), r.amax)
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.compile with inductor on CUDA
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["delayed", "current"])
+def test_compile_inductor_gelu_fp8(kind):
+    tex = tex_module()
+    x = uniform((128, 256), torch.bfloat16, "cuda")
+
+    def make():
+        if kind == "delayed":
+            q, s, a = delayed_quantizer(3.5, "e4m3", "cuda", amax_value=0.5)
+            return q, a
+        return current_quantizer("e4m3"), None
+
+    def f(x, q):
+        return tex.gelu(x, q).dequantize()
+
+    q_e, a_e = make()
+    eager = f(x, q_e)
+    q_c, a_c = make()
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True)(x, q_c)
+    assert ref.bits_equal(out, eager)
+    if a_e is not None:
+        assert torch.equal(a_c, a_e)
+
+
+# ------------------------------------------------------------------------------------------------
+# device errors
+# ------------------------------------------------------------------------------------------------
+def test_scale_on_wrong_device():
+    tex = tex_module()
+    x = uniform((4, 8), torch.float32, "cuda")
+    with pytest.raises((TypeError, ValueError, RuntimeError), match=r"(?i)device|cuda|cpu"):
+        q = tex.Float8Quantizer(torch.ones(1), torch.zeros(1), tex.DType.kFloat8E4M3)   # CPU scale
+        tex.quantize(x, q)
+        tex.gelu(x, q)
+    with pytest.raises((TypeError, ValueError, RuntimeError), match=r"(?i)device|cuda|cpu"):
+        q = tex.Float8Quantizer(torch.ones(1, device="cuda"), torch.zeros(1), tex.DType.kFloat8E4M3)  # CPU amax
+        tex.gelu(x, q)
+
+
+def test_grad_on_wrong_device():
+    tex = tex_module()
+    x = uniform((4, 8), torch.float32, "cuda")
+    with pytest.raises((TypeError, ValueError, RuntimeError), match=r"(?i)device|cuda|cpu"):
+        tex.dgelu(uniform((4, 8)), x, None)
+
+
+def test_compute_amax_wrong_device():
+    tex = tex_module()
+    with pytest.raises((TypeError, ValueError, RuntimeError), match=r"(?i)device|cuda|cpu"):
+        tex.compute_amax(uniform((4, 8), torch.float32, "cuda"), torch.zeros(1))
+
+
+def test_create_empty_on_cuda_and_pinned():
+    tex = tex_module()
+    q, s, a = delayed_quantizer(3.5, "e4m3", "cuda")
+    qt = tex.create_empty_quantized_tensor(q, [7, 5, 3], torch.bfloat16, "cuda")
+    assert qt._data.device.type == "cuda" and qt._transpose.device.type == "cuda"
+    assert float(qt._scale_inv) == float(ref.reciprocal_f32(torch.tensor(3.5)))
+    qc = current_quantizer("e4m3")
+    qt = tex.create_empty_quantized_tensor(qc, [8, 4], torch.float32, "cpu", pin_memory=True)
+    assert qt._data.is_pinned()
