@@ -139,6 +139,11 @@ def test_parity_cast_helpers(dtype):
     q_g, s_g, am_g = delayed_quantizer(2.0, "e4m3", "cuda")
     gb_c, qt_c = tex.bgrad_quantize(x, q_c)
     gb_g, qt_g = tex.bgrad_quantize(x.cuda(), q_g)
+    # Column sums are order-dependent (SPEC §1.1): compare them on the [-3, 3] data the SPEC tolerance row is
+    # defined for; wide_random's cancellation makes the result-relative tolerance meaningless.
+    xs = uniform((257, 259), dtype)
+    gb_c = tex.bgrad_quantize(xs, delayed_quantizer(2.0, "e4m3")[0])[0]
+    gb_g = tex.bgrad_quantize(xs.cuda(), delayed_quantizer(2.0, "e4m3", "cuda")[0])[0]
     assert_same(qt_c, qt_g, "bgrad_quantize")
     assert ref.bits_equal(am_c, cpu(am_g))
     rtol = 1.3e-6 * 257 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]

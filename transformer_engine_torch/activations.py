@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .dtypes import FLOAT_DTYPES
 from .quantizers import NO_QUANTIZER_SPEC, Float8CurrentScalingQuantizer, check_quantizer
 
 # TE's activation enum (SPEC §1.4).
@@ -19,6 +20,14 @@ _DEFAULT_ARGS = (7.0, 1.702, 1.0)
 def _check_input(op: str, name: str, t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name} must be float32, float16 or bfloat16, got {t.dtype} with shape "
+                        f"{tuple(t.shape)} on {t.device}")
+
+
+def _check_grad(op: str, grad, x):
+    if grad.dtype != x.dtype:
+        raise TypeError(f"{op}: grad dtype {grad.dtype} must match the forward input dtype {x.dtype}")
 
 
 def _forward_shape(code: int, shape):
@@ -45,6 +54,7 @@ def _activation(op: str, code: int, x, quantizer, args=_DEFAULT_ARGS):
 def _dactivation(op: str, code: int, grad, x, quantizer, args=_DEFAULT_ARGS):
     _check_input(op, "grad", grad)
     _check_input(op, "fwd_input", x)
+    _check_grad(op, grad, x)
     check_quantizer(op, quantizer)
     if quantizer is None:
         return torch.ops.te.dact(grad, x, code, *args)
@@ -59,6 +69,7 @@ def _dactivation(op: str, code: int, grad, x, quantizer, args=_DEFAULT_ARGS):
 def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
     _check_input(op, "grad", grad)
     _check_input(op, "fwd_input", x)
+    _check_grad(op, grad, x)
     check_quantizer(op, quantizer)
     if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
         from .cast import bgrad_quantize

@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import torch
 
-from .dtypes import as_dtype, as_fp8_dtype, to_torch_dtype
+from .dtypes import FLOAT_DTYPES, as_dtype, as_fp8_dtype, to_torch_dtype
 from .quantizers import Float8CurrentScalingQuantizer, Quantizer, check_quantizer
 from .tensors import Float8Tensor, QuantizedTensor, _transposed_shape
 
 
-def _check_tensor(op, name, t):
+def _check_tensor(op, name, t, float_only=False):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if float_only and t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name} must be float32, float16 or bfloat16, got {t.dtype} with shape "
+                        f"{tuple(t.shape)} on {t.device}")
 
 
 def _spec_for(tensor, quantizer, noop=None):
@@ -26,7 +29,7 @@ def _spec_for(tensor, quantizer, noop=None):
 def quantize(tensor, quantizer, output=None, noop=None):
     """Quantize `tensor`. With `output`, its buffers are reused (missing usages allocated, unwanted ones
     dropped); with `noop` (float32 [1]) equal to 1.0 nothing is written (CUDA-graph weight caching)."""
-    _check_tensor("quantize", "tensor", tensor)
+    _check_tensor("quantize", "tensor", tensor, float_only=True)
     if quantizer is None:
         raise ValueError("quantize: quantizer is None; use the tensor as it is")
     check_quantizer("quantize", quantizer, allow_none=False)
@@ -69,7 +72,7 @@ def dequantize(input, otype):
 
 def bgrad_quantize(input, quantizer):
     """(grad_bias, quantized): grad_bias = FP32 sum over all rows of `input`, rounded to its dtype."""
-    _check_tensor("bgrad_quantize", "input", input)
+    _check_tensor("bgrad_quantize", "input", input, float_only=True)
     check_quantizer("bgrad_quantize", quantizer)
     if quantizer is None:
         k = input.shape[-1] if input.dim() else 1
@@ -80,7 +83,7 @@ def bgrad_quantize(input, quantizer):
 
 def compute_amax(input, amax):
     """amax[0] = max |input| (NaN ignored), overwriting amax."""
-    _check_tensor("compute_amax", "input", input)
+    _check_tensor("compute_amax", "input", input, float_only=True)
     _check_tensor("compute_amax", "amax", amax)
     torch.ops.te.compute_amax(input, amax)
 

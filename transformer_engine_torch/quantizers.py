@@ -3,7 +3,6 @@ into the plain tensors/scalars that cross into C++ (SPEC §1.4), `_wrap()` turns
 into a quantized tensor."""
 from __future__ import annotations
 
-import copy
 import warnings
 
 import torch
@@ -47,7 +46,14 @@ class Quantizer:
         raise NotImplementedError(f"{type(self).__name__}.make_empty")
 
     def copy(self):
-        return copy.copy(self)
+        """A quantizer with the same configuration (sharing scale/amax tensors). Built through the
+        constructor rather than copy.copy, which dynamo refuses to trace."""
+        q = self._clone()
+        q.internal, q.optimize_for_gemm = self.internal, self.optimize_for_gemm
+        return q
+
+    def _clone(self):
+        raise NotImplementedError
 
     def set_usage(self, rowwise=None, columnwise=None):
         if rowwise is not None:
@@ -115,6 +121,10 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
         self.amax = amax
         self.dtype = as_fp8_dtype(fp8_dtype)
 
+    def _clone(self):
+        return Float8Quantizer(self.scale, self.amax, self.dtype, rowwise=self.rowwise_usage,
+                               columnwise=self.columnwise_usage)
+
     def _spec(self, noop=None):
         return (QKIND_FP8_DELAYED, int(self.dtype), self.rowwise_usage, self.columnwise_usage, 0, 0.0, 1,
                 self.scale, self.amax, noop)
@@ -149,6 +159,12 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
         self.amax_epsilon = float(amax_epsilon)
         if self.amax_epsilon < 0:
             raise ValueError(f"Float8CurrentScalingQuantizer: amax_epsilon must be >= 0, got {amax_epsilon}")
+
+    def _clone(self):
+        return Float8CurrentScalingQuantizer(
+            self.dtype, rowwise=self.rowwise_usage, columnwise=self.columnwise_usage,
+            with_amax_reduction=self.with_amax_reduction, amax_reduction_group=self.amax_reduction_group,
+            force_pow_2_scales=self.force_pow_2_scales, amax_epsilon=self.amax_epsilon)
 
     def _spec(self, noop=None, amax=None):
         flags = QFLAG_POW2 if self.force_pow_2_scales else 0

@@ -58,7 +58,7 @@ void check_request(const ActRequest& r) {
   input_dtype(r.x, r.op, "input");
   if (r.backward) {
     const Tensor& g = *r.grad;
-    TORCH_CHECK_TYPE(g.scalar_type() == r.x.scalar_type(), r.op, ": grad dtype ", dtype_name(g.scalar_type()),
+    TORCH_CHECK_VALUE(g.scalar_type() == r.x.scalar_type(), r.op, ": grad dtype ", dtype_name(g.scalar_type()),
                      " must match the forward input dtype ", dtype_name(r.x.scalar_type()));
     TORCH_CHECK_VALUE(g.device() == r.x.device(), r.op, ": grad is on ", g.device().str(),
                       " but the forward input is on ", r.x.device().str());
@@ -66,7 +66,7 @@ void check_request(const ActRequest& r) {
     if (te::act_is_gated(r.kind) && !expect.empty()) expect.back() /= 2;
     TORCH_CHECK_VALUE(g.sizes().vec() == expect, r.op, ": grad has shape ", shape_str(g),
                       " but the forward output for input ", shape_str(r.x), " has shape ",
-                      c10::IntArrayRef(expect));
+                      shape_str(expect));
   }
 }
 
@@ -75,7 +75,7 @@ void check_buffer(const Tensor& t, const std::vector<int64_t>& shape, at::Scalar
   TORCH_CHECK_VALUE(t.scalar_type() == dtype && t.sizes().vec() == shape && t.is_contiguous() &&
                         t.device() == ref.device(),
                     op, ": output buffer ", what, " must be a contiguous ", dtype_name(dtype), " tensor of shape ",
-                    c10::IntArrayRef(shape), " on ", ref.device().str(), ", got ", dtype_name(t.scalar_type()), " ",
+                    shape_str(shape), " on ", ref.device().str(), ", got ", dtype_name(t.scalar_type()), " ",
                     shape_str(t), " on ", t.device().str());
 }
 
@@ -171,7 +171,7 @@ std::vector<Tensor> activation_helper(ActRequest r, const QuantSpec& spec, Quant
       }
       [[fallthrough]];
     default:
-      TORCH_CHECK_NOT_IMPLEMENTED(false, r.op, ": quantizer kind ", int(spec.kind),
+      TORCH_CHECK_NOT_IMPLEMENTED(false, r.op, ": quantizer kind ", std::to_string(int(spec.kind)),
                                   " (MXFP8 / NVFP4 / FP8 block) is not available in this build yet");
   }
   if (r.with_dbias) {
@@ -193,7 +193,7 @@ QOutBias as_qout_bias(const std::vector<Tensor>& v) { return {v[0], v[1], v[2], 
 
 te::ActKind act_kind(const char* op, int64_t code) {
   TORCH_CHECK_VALUE(te::act_is_known(int(code)) && code != int64_t(te::ActKind::kIdentity), op,
-                    ": activation code ", code, " is not known; accepted: 0..11 (TE's activation enum)");
+                    ": activation code ", std::to_string(code), " is not known; accepted: 0..11 (TE's activation enum)");
   return static_cast<te::ActKind>(code);
 }
 
@@ -255,7 +255,7 @@ void quantize_into(const Tensor& x, TE_QSPEC_PARAMS, const c10::optional<Tensor>
                    const c10::optional<Tensor>& row_scale_inv, const c10::optional<Tensor>& col_data,
                    const c10::optional<Tensor>& col_scale_inv) {
   const char* op = "quantize_into";
-  TORCH_CHECK_VALUE(qkind == 1 || qkind == 2, op, ": in-place quantization supports FP8 per-tensor quantizers (kinds 1, 2), got ", qkind);
+  TORCH_CHECK_VALUE(qkind == 1 || qkind == 2, op, ": in-place quantization supports FP8 per-tensor quantizers (kinds 1, 2), got ", std::to_string(qkind));
   QuantSpec spec = TE_QSPEC_ARGS(op, x);
   ActRequest r{op, te::ActKind::kIdentity, false, x, c10::nullopt, te::ActArgs{}, false};
   input_dtype(x, op, "input");

@@ -1,25 +1,29 @@
 // Definitions of the bridge helpers declared in bridge.h.
 #include "bridge.h"
 
-#include <sstream>
 
 namespace te_torch {
 
-std::string shape_str(const Tensor& t) {
-  std::ostringstream os;
-  os << "[";
-  for (int64_t i = 0; i < t.dim(); ++i) os << (i ? ", " : "") << t.size(i);
-  os << "]";
-  return os.str();
+// Integers in messages go through std::to_string, never through an ostream: the GPU machine's toolchain
+// (its own g++ next to torch's libstdc++) crashed formatting integers via std::num_put.
+std::string shape_str(c10::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
 }
+std::string shape_str(const Tensor& t) { return shape_str(t.sizes()); }
 
 std::string dtype_name(at::ScalarType s) { return c10::toString(s); }
 
 std::string arch_name(const Tensor& t) {
 #if defined(TE_WITH_CUDA)
   if (t.is_cuda()) {
-    const auto* prop = at::cuda::getDeviceProperties(t.get_device());
-    return "sm_" + std::to_string(prop->major) + std::to_string(prop->minor);
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, t.get_device()) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, t.get_device()) != cudaSuccess) {
+      return t.device().str();
+    }
+    return "sm_" + std::to_string(major) + std::to_string(minor);
   }
 #endif
   return t.device().str();
@@ -30,10 +34,12 @@ te::DType input_dtype(const Tensor& t, const char* op, const char* what) {
     case at::kFloat: return te::DType::kFloat32;
     case at::kHalf: return te::DType::kFloat16;
     case at::kBFloat16: return te::DType::kBFloat16;
-    default:
-      TORCH_CHECK_TYPE(false, op, ": ", what, " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()),
-                       " with shape ", shape_str(t), " on ", arch_name(t));
+    default: break;
   }
+  const std::string where = arch_name(t);
+  TORCH_CHECK_VALUE(false, op, ": ", what, " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()),
+                   " with shape ", shape_str(t), " on ", where);
+  return te::DType::kFloat32;  // not reached
 }
 
 at::ScalarType scalar_type_of(te::DType d) {
@@ -43,8 +49,10 @@ at::ScalarType scalar_type_of(te::DType d) {
     case te::DType::kBFloat16: return at::kBFloat16;
     case te::DType::kByte: return at::kByte;
     case te::DType::kInt32: return at::kInt;
-    default: TORCH_CHECK_VALUE(false, "DType ", int(d), " has no plain torch dtype for this output");
+    default: break;
   }
+  TORCH_CHECK_VALUE(false, "DType ", std::to_string(int(d)), " has no plain torch dtype for this output");
+  return at::kFloat;  // not reached
 }
 
 void check_scalar_f32(const Tensor& t, const Tensor& ref, const char* op, const char* what) {
@@ -59,7 +67,7 @@ QuantSpec make_spec(const char* op, int64_t qkind, int64_t qdtype, bool rowwise,
                     double amax_epsilon, int64_t block_dim, const c10::optional<Tensor>& scale,
                     const c10::optional<Tensor>& amax, const c10::optional<Tensor>& noop, const Tensor& input) {
   QuantSpec s;
-  TORCH_CHECK_VALUE(qkind >= 0 && qkind <= 5, op, ": quantizer kind ", qkind,
+  TORCH_CHECK_VALUE(qkind >= 0 && qkind <= 5, op, ": quantizer kind ", std::to_string(qkind),
                     " is not known; accepted: 0 none, 1 FP8 delayed, 2 FP8 current, 3 MXFP8, 4 NVFP4, 5 FP8 block");
   s.kind = static_cast<te::QuantKind>(qkind);
   s.dtype = static_cast<te::DType>(qdtype);
@@ -74,7 +82,7 @@ QuantSpec make_spec(const char* op, int64_t qkind, int64_t qdtype, bool rowwise,
   const bool per_tensor = s.kind == te::QuantKind::kFp8Delayed || s.kind == te::QuantKind::kFp8Current;
   if (per_tensor) {
     TORCH_CHECK_VALUE(s.dtype == te::DType::kFloat8E4M3 || s.dtype == te::DType::kFloat8E5M2, op,
-                      ": FP8 quantizer dtype must be kFloat8E4M3 (7) or kFloat8E5M2 (8), got ", qdtype);
+                      ": FP8 quantizer dtype must be kFloat8E4M3 (7) or kFloat8E5M2 (8), got ", std::to_string(qdtype));
     TORCH_CHECK_VALUE(rowwise || columnwise, op, ": the quantizer has neither rowwise nor columnwise usage");
   }
   if (s.kind == te::QuantKind::kFp8Delayed) {

@@ -22,6 +22,7 @@ namespace te_torch {
 using at::Tensor;
 
 std::string shape_str(const Tensor& t);
+std::string shape_str(c10::IntArrayRef sizes);
 std::string dtype_name(at::ScalarType s);
 std::string arch_name(const Tensor& t);  // "cpu" or "sm_90"
 

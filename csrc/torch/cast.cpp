@@ -15,14 +15,14 @@ namespace {
 
 bool fp8_is_e4m3(const char* op, int64_t fp8_dtype) {
   TORCH_CHECK_VALUE(fp8_dtype == int64_t(te::DType::kFloat8E4M3) || fp8_dtype == int64_t(te::DType::kFloat8E5M2), op,
-                    ": fp8_dtype must be kFloat8E4M3 (7) or kFloat8E5M2 (8), got ", fp8_dtype);
+                    ": fp8_dtype must be kFloat8E4M3 (7) or kFloat8E5M2 (8), got ", std::to_string(fp8_dtype));
   return fp8_dtype == int64_t(te::DType::kFloat8E4M3);
 }
 
 Tensor dequantize_fp8(const Tensor& data, const Tensor& scale_inv, int64_t fp8_dtype, at::ScalarType otype) {
   const char* op = "dequantize_fp8";
   const bool e4m3 = fp8_is_e4m3(op, fp8_dtype);
-  TORCH_CHECK_TYPE(data.scalar_type() == at::kByte, op, ": data must be uint8 FP8 codes, got ",
+  TORCH_CHECK_VALUE(data.scalar_type() == at::kByte, op, ": data must be uint8 FP8 codes, got ",
                    dtype_name(data.scalar_type()));
   check_scalar_f32(scale_inv, data, op, "scale_inv");
   Tensor out = at::empty(data.sizes(), data.options().dtype(otype));
@@ -48,12 +48,12 @@ std::pair<int64_t, int64_t> rows_cols(const Tensor& x) {
 
 void fp8_transpose_into(const Tensor& x, const Tensor& out) {
   const char* op = "fp8_transpose";
-  TORCH_CHECK_TYPE(x.scalar_type() == at::kByte, op, ": input must be uint8 FP8 codes, got ",
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kByte, op, ": input must be uint8 FP8 codes, got ",
                    dtype_name(x.scalar_type()));
   const auto [rows, cols] = rows_cols(x);
   TORCH_CHECK_VALUE(out.scalar_type() == at::kByte && out.numel() == x.numel() && out.is_contiguous() &&
                         out.device() == x.device() && (out.dim() == 0 || out.size(0) == cols),
-                    op, ": out must be a contiguous uint8 tensor of shape [", cols, ", ", rows, "] on ",
+                    op, ": out must be a contiguous uint8 tensor of shape [", std::to_string(cols), ", ", std::to_string(rows), "] on ",
                     x.device().str(), ", got ", dtype_name(out.scalar_type()), " ", shape_str(out));
   const Tensor xc = x.contiguous();
   TE_DEVICE_GUARD(x);
@@ -76,8 +76,8 @@ Tensor fp8_transpose(const Tensor& x) {
 void fused_amax_and_scale_update(const c10::optional<Tensor>& reduction_buffer, at::TensorList histories,
                                  at::TensorList scales, c10::string_view algo, int64_t fp8_dtype, double margin) {
   const char* op = "fused_amax_and_scale_update_after_reduction";
-  TORCH_CHECK_VALUE(histories.size() == scales.size(), op, ": got ", histories.size(), " amax histories but ",
-                    scales.size(), " scale tensors");
+  TORCH_CHECK_VALUE(histories.size() == scales.size(), op, ": got ", std::to_string(histories.size()), " amax histories but ",
+                    std::to_string(scales.size()), " scale tensors");
   te::AmaxAlgo a;
   if (algo == "max") {
     a = te::AmaxAlgo::kMax;
@@ -91,12 +91,13 @@ void fused_amax_and_scale_update(const c10::optional<Tensor>& reduction_buffer, 
   for (size_t i = 0; i < histories.size(); ++i) {
     const Tensor& h = histories[i];
     const Tensor& s = scales[i];
-    TORCH_CHECK_VALUE(h.scalar_type() == at::kFloat && h.dim() == 2 && h.is_contiguous(), op, ": amax_histories[", i,
+    TORCH_CHECK_VALUE(h.scalar_type() == at::kFloat && h.dim() == 2 && h.is_contiguous(), op, ": amax_histories[", std::to_string(i),
                       "] must be a contiguous float32 [L, n] tensor, got ", dtype_name(h.scalar_type()), " ",
                       shape_str(h));
     const int64_t n = h.size(1);
     TORCH_CHECK_VALUE(s.scalar_type() == at::kFloat && s.numel() == n && s.is_contiguous() && s.device() == h.device(),
-                      op, ": scales[", i, "] must be a contiguous float32 tensor of ", n, " elements on ",
+                      op, ": scales[", std::to_string(i), "] must be a contiguous float32 tensor of ", std::to_string(n),
+                      " elements on ",
                       h.device().str(), ", got ", dtype_name(s.scalar_type()), " ", shape_str(s));
     const float* red = nullptr;
     if (reduction_buffer.has_value() && reduction_buffer->numel() > 0) {
@@ -104,7 +105,7 @@ void fused_amax_and_scale_update(const c10::optional<Tensor>& reduction_buffer, 
       TORCH_CHECK_VALUE(b.scalar_type() == at::kFloat && b.is_contiguous() && b.device() == h.device() &&
                             b.numel() >= offset + n,
                         op, ": amax_reduction_buffer must be a contiguous float32 tensor holding the row-0 amaxes of "
-                        "every history (", offset + n, "+ elements), got ", shape_str(b));
+                        "every history (", std::to_string(offset + n), "+ elements), got ", shape_str(b));
       red = b.data_ptr<float>() + offset;
     }
     offset += n;
