@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from .tensors import _transposed_shape
+
 GATED = {1, 2, 4, 6, 8, 10, 11}
 QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT = 0, 1, 2
 
@@ -16,10 +18,6 @@ def _fwd_shape(x, act):
     return shape
 
 
-def _transposed(shape):
-    return shape if not shape else [shape[-1]] + list(shape[:-1])
-
-
 def _quant_outputs(x, shape, qkind, rowwise, columnwise):
     e32 = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
     if qkind == QKIND_NONE:
@@ -27,7 +25,7 @@ def _quant_outputs(x, shape, qkind, rowwise, columnwise):
     if qkind in (QKIND_FP8_DELAYED, QKIND_FP8_CURRENT):
         u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
         return (u8(shape) if rowwise else u8((0,)), x.new_empty((1,), dtype=torch.float32),
-                u8(_transposed(shape)) if columnwise else u8((0,)), e32(), e32(), e32())
+                u8(_transposed_shape(shape)) if columnwise else u8((0,)), e32(), e32(), e32())
     raise NotImplementedError(f"quantizer kind {qkind} is not available in this build yet")
 
 

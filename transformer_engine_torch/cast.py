@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from .dtypes import FLOAT_DTYPES, as_dtype, as_fp8_dtype, to_torch_dtype
-from .quantizers import Float8CurrentScalingQuantizer, Quantizer, check_quantizer
+from .dtypes import FLOAT_DTYPES, as_fp8_dtype, to_torch_dtype
+from .quantizers import Float8CurrentScalingQuantizer, check_quantizer
 from .tensors import Float8Tensor, QuantizedTensor, _transposed_shape
 
 
@@ -116,4 +116,3 @@ def create_empty_quantized_tensor(quantizer, shape, dtype, device, pin_memory=Fa
 
 __all__ = ["quantize", "dequantize", "bgrad_quantize", "compute_amax",
            "fused_amax_and_scale_update_after_reduction", "fp8_transpose", "create_empty_quantized_tensor"]
-_ = (as_dtype, Quantizer)

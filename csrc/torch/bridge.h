@@ -63,13 +63,4 @@ void run_dbias_reduce(const Tensor& partial, Tensor& out);
 inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream(); }
 #endif
 
-// Converts a core std::invalid_argument into an error that names the op.
-template <typename Fn> auto with_op_name(const char* op, Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK(false, op, ": ", e.what());
-  }
-}
-
 }  // namespace te_torch
