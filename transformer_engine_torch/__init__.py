@@ -3,6 +3,8 @@
 `import transformer_engine_torch as tex; y = tex.gelu(x, quantizer)`. Importing needs no GPU and no driver:
 nothing here queries a device. SPEC: shared/SPEC.md.
 """
+import torch  # noqa: F401  (first: loads libc10/libtorch, which _C links against)
+
 from . import _C  # noqa: F401  (loads the `te` operator library)
 from . import _ops  # noqa: F401  (fake kernels, autograd)
 from .activations import *  # noqa: F401,F403
