@@ -305,3 +305,52 @@ def test_create_empty_on_cuda_and_pinned():
     qc = current_quantizer("e4m3")
     qt = tex.create_empty_quantized_tensor(qc, [8, 4], torch.float32, "cpu", pin_memory=True)
     assert qt._data.is_pinned()
+
+
+# ---- bf16 lookup-table path (large tensors; the kernels tabulate exp-based functors for bf16 inputs) -------------
+# Past the sizes where the CUDA kernels switch to the tables (rowwise: >= 4 steps per resident block; dbias: row
+# blocks of >= 64 rows).
+TABLE_SHAPE = {False: (8192, 4096), True: (8192, 8192)}  # by gated
+DBIAS_TABLE_SHAPE = (32768, 4096)
+
+
+def _every_bf16(shape, seed):
+    """All 65536 bf16 bit patterns (NaN, Inf, zeros, subnormals included) in runs of 8 consecutive codes, the runs
+    shuffled, tiled to `shape`: most 8-element chunks lie inside the table range, some straddle its edges."""
+    g = torch.Generator().manual_seed(seed)
+    runs = torch.arange(65536, dtype=torch.int32).reshape(-1, 8)[torch.randperm(8192, generator=g)].reshape(-1)
+    n = math.prod(shape)
+    codes = runs.repeat((n + 65535) // 65536)[:n].to(torch.int16)
+    return codes.view(torch.bfloat16).reshape(shape)
+
+
+@pytest.mark.parametrize("k", [None, ("delayed", "e4m3", 3.5), ("current", "e4m3", False)])
+@pytest.mark.parametrize("name", ["gelu", "qgelu", "silu", "geglu", "swiglu", "glu", "clamped_swiglu"])
+def test_parity_bf16_tables(name, k):
+    x = _every_bf16(TABLE_SHAPE[name in ref.GATED], 11)
+    g = uniform(ref.out_shape(name, x.shape), torch.bfloat16, g=torch.Generator().manual_seed(12))
+    outs = {}
+    for dev in ["cpu", "cuda"]:
+        q, _ = mkq(k, dev)
+        y = getattr(tex_module(), name)(x.to(dev), q)
+        q2, _ = mkq(k, dev)
+        dx = getattr(tex_module(), ref.DACT_NAMES[name])(g.to(dev), x.to(dev), q2)
+        outs[dev] = (y, dx)
+    assert_same(outs["cpu"][0], outs["cuda"][0], f"{name} {k} fwd")
+    assert_same(outs["cpu"][1], outs["cuda"][1], f"{name} {k} bwd")
+
+
+@pytest.mark.parametrize("name", ["dbias_dgelu", "dbias_dsilu", "dbias_dqgelu"])
+def test_parity_bf16_tables_dbias(name):
+    x = _every_bf16(DBIAS_TABLE_SHAPE, 13)
+    g = uniform(DBIAS_TABLE_SHAPE, torch.bfloat16, g=torch.Generator().manual_seed(14))
+    xf = x.float()
+    keep = torch.isfinite(xf) & (xf.abs() < 8)  # sums of finite, moderate values only
+    x = torch.where(keep, x, torch.zeros_like(x))
+    res = {}
+    for dev in ["cpu", "cuda"]:
+        q, _ = mkq(("delayed", "e4m3", 2.0), dev)
+        res[dev] = getattr(tex_module(), name)(g.to(dev), x.to(dev), q)
+    assert_same(res["cpu"][1], res["cuda"][1], f"{name} grad_input")
+    rtol = 4 * ref.TOL[torch.bfloat16][0]
+    assert ref.within_tol(cpu(res["cuda"][0]), res["cpu"][0], rtol, 1e-4)

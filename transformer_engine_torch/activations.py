@@ -41,13 +41,13 @@ def _activation(op: str, code: int, x, quantizer, args=_DEFAULT_ARGS):
     _check_input(op, "input", x)
     check_quantizer(op, quantizer)
     if quantizer is None:
-        return torch.ops.te.act(x, code, *args)
+        return torch.ops.te.act.default(x, code, *args)
     if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
         # Unfused: the activation in the input dtype, then the reduced-amax cast of it.
         from .cast import quantize
 
-        return quantize(torch.ops.te.act(x, code, *args), quantizer)
-    outs = torch.ops.te.act_quantize(x, code, *args, *quantizer._spec())
+        return quantize(torch.ops.te.act.default(x, code, *args), quantizer)
+    outs = torch.ops.te.act_quantize.default(x, code, *args, *quantizer._spec())
     return quantizer._wrap(outs, _forward_shape(code, x.shape), x.dtype)
 
 
@@ -57,12 +57,12 @@ def _dactivation(op: str, code: int, grad, x, quantizer, args=_DEFAULT_ARGS):
     _check_grad(op, grad, x)
     check_quantizer(op, quantizer)
     if quantizer is None:
-        return torch.ops.te.dact(grad, x, code, *args)
+        return torch.ops.te.dact.default(grad, x, code, *args)
     if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
         from .cast import quantize
 
-        return quantize(torch.ops.te.dact(grad, x, code, *args), quantizer)
-    outs = torch.ops.te.dact_quantize(grad, x, code, *args, *quantizer._spec())
+        return quantize(torch.ops.te.dact.default(grad, x, code, *args), quantizer)
+    outs = torch.ops.te.dact_quantize.default(grad, x, code, *args, *quantizer._spec())
     return quantizer._wrap(outs, tuple(x.shape), x.dtype)
 
 
@@ -74,9 +74,9 @@ def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
     if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
         from .cast import bgrad_quantize
 
-        return bgrad_quantize(torch.ops.te.dact(grad, x, code, *_DEFAULT_ARGS), quantizer)
+        return bgrad_quantize(torch.ops.te.dact.default(grad, x, code, *_DEFAULT_ARGS), quantizer)
     spec = NO_QUANTIZER_SPEC if quantizer is None else quantizer._spec()
-    outs = torch.ops.te.dbias_dact(grad, x, code, *spec)
+    outs = torch.ops.te.dbias_dact.default(grad, x, code, *spec)
     if quantizer is None:
         return outs[0], outs[1]
     return outs[0], quantizer._wrap(outs[1:], tuple(x.shape), x.dtype)

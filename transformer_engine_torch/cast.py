@@ -20,7 +20,7 @@ def _spec_for(tensor, quantizer, noop=None):
     """The quantizer's spec; current scaling with amax reduction computes and all-reduces the amax first."""
     if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
         amax = torch.zeros(1, dtype=torch.float32, device=tensor.device)
-        torch.ops.te.compute_amax(tensor, amax)
+        torch.ops.te.compute_amax.default(tensor, amax)
         quantizer._reduce_amax(amax)
         return quantizer._spec(noop, amax=amax)
     return quantizer._spec(noop)
@@ -35,7 +35,7 @@ def quantize(tensor, quantizer, output=None, noop=None):
     check_quantizer("quantize", quantizer, allow_none=False)
     quantizer._check_usage("quantize")
     if output is None and noop is None:
-        outs = torch.ops.te.quantize(tensor, *_spec_for(tensor, quantizer))
+        outs = torch.ops.te.quantize.default(tensor, *_spec_for(tensor, quantizer))
         return quantizer._wrap(outs, tuple(tensor.shape), tensor.dtype)
     if output is None:
         output = quantizer.make_empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
@@ -58,7 +58,7 @@ def quantize(tensor, quantizer, output=None, noop=None):
     if output._scale_inv is None:
         output._scale_inv = torch.empty(1, dtype=torch.float32, device=tensor.device)
     output._fp8_dtype = quantizer.dtype
-    torch.ops.te.quantize_into(tensor, *_spec_for(tensor, quantizer, noop), output._data, output._scale_inv,
+    torch.ops.te.quantize_into.default(tensor, *_spec_for(tensor, quantizer, noop), output._data, output._scale_inv,
                                output._transpose, None)
     return output
 
@@ -77,7 +77,7 @@ def bgrad_quantize(input, quantizer):
     if quantizer is None:
         k = input.shape[-1] if input.dim() else 1
         return input.reshape(-1, k).float().sum(0).to(input.dtype), input
-    outs = torch.ops.te.bgrad_quantize(input, *_spec_for(input, quantizer))
+    outs = torch.ops.te.bgrad_quantize.default(input, *_spec_for(input, quantizer))
     return outs[0], quantizer._wrap(outs[1:], tuple(input.shape), input.dtype)
 
 
@@ -85,14 +85,14 @@ def compute_amax(input, amax):
     """amax[0] = max |input| (NaN ignored), overwriting amax."""
     _check_tensor("compute_amax", "input", input, float_only=True)
     _check_tensor("compute_amax", "amax", amax)
-    torch.ops.te.compute_amax(input, amax)
+    torch.ops.te.compute_amax.default(input, amax)
 
 
 def fused_amax_and_scale_update_after_reduction(amax_reduction_buffer, amax_histories, scales,
                                                 amax_compute_algo, fp8_dtype, margin):
     """Delayed-scaling update of every (history, scale) pair (SPEC §4.3), in place."""
     fp8_dtype = as_fp8_dtype(fp8_dtype, "fused_amax_and_scale_update_after_reduction: fp8_dtype")
-    torch.ops.te.fused_amax_and_scale_update(amax_reduction_buffer, list(amax_histories), list(scales),
+    torch.ops.te.fused_amax_and_scale_update.default(amax_reduction_buffer, list(amax_histories), list(scales),
                                              str(amax_compute_algo), int(fp8_dtype), float(margin))
 
 
@@ -103,8 +103,8 @@ def fp8_transpose(input, dtype, *, out=None):
     if input.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         input = input.view(torch.uint8)
     if out is None:
-        return torch.ops.te.fp8_transpose(input)
-    torch.ops.te.fp8_transpose_into(input, out.view(torch.uint8) if out.dtype != torch.uint8 else out)
+        return torch.ops.te.fp8_transpose.default(input)
+    torch.ops.te.fp8_transpose_into.default(input, out.view(torch.uint8) if out.dtype != torch.uint8 else out)
     return out
 
 

@@ -89,9 +89,10 @@ class _Float8PerTensorQuantizer(Quantizer):
     dtype: DType
 
     def _wrap(self, outs, shape, dtype):
+        # The tensor refers to the quantizer that made it (as TE's tensors do), no per-call copy.
         return Float8Tensor(shape=shape, dtype=dtype, data=outs[0] if self.rowwise_usage else None,
                             fp8_scale_inv=outs[1], fp8_dtype=self.dtype,
-                            data_transpose=outs[2] if self.columnwise_usage else None, quantizer=self.copy())
+                            data_transpose=outs[2] if self.columnwise_usage else None, quantizer=self)
 
     def make_empty(self, shape, dtype=torch.float32, device=None, requires_grad=False, pin_memory=False):
         shape = torch.Size(shape)
@@ -134,7 +135,7 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
 
     def calibrate(self, tensor: torch.Tensor):
         """amax <- amax(tensor) (overwrite)."""
-        torch.ops.te.compute_amax(tensor, self.amax)
+        torch.ops.te.compute_amax.default(tensor, self.amax)
 
     def _config(self):
         return super()._config() + (self.dtype, id(self.scale), id(self.amax))

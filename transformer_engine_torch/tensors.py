@@ -10,6 +10,9 @@ import torch
 from .dtypes import DType, as_fp8_dtype, to_torch_dtype
 
 
+_FP8 = (DType.kFloat8E4M3, DType.kFloat8E5M2)
+
+
 def _transposed_shape(shape):
     shape = tuple(shape)
     return shape if len(shape) == 0 else (shape[-1],) + shape[:-1]
@@ -71,7 +74,7 @@ class Float8Tensor(QuantizedTensor):
         self._transpose = data_transpose
         self._transpose_invalid = data_transpose is None
         self._scale_inv = fp8_scale_inv
-        self._fp8_dtype = as_fp8_dtype(fp8_dtype)
+        self._fp8_dtype = fp8_dtype if type(fp8_dtype) is DType and fp8_dtype in _FP8 else as_fp8_dtype(fp8_dtype)
 
     @property
     def device(self) -> torch.device:
@@ -91,10 +94,10 @@ class Float8Tensor(QuantizedTensor):
     def dequantize(self, dtype=None) -> torch.Tensor:
         dtype = self._dtype if dtype is None else to_torch_dtype(dtype)
         if self._data is not None:
-            return torch.ops.te.dequantize_fp8(self._data, self._scale_inv, int(self._fp8_dtype), dtype)
+            return torch.ops.te.dequantize_fp8.default(self._data, self._scale_inv, int(self._fp8_dtype), dtype)
         if self._transpose is None:
             raise RuntimeError("Float8Tensor.dequantize: the tensor holds neither a rowwise nor a columnwise copy")
-        t = torch.ops.te.dequantize_fp8(self._transpose, self._scale_inv, int(self._fp8_dtype), dtype)
+        t = torch.ops.te.dequantize_fp8.default(self._transpose, self._scale_inv, int(self._fp8_dtype), dtype)
         if len(self._shape) <= 1:
             return t.reshape(self._shape)
         return t.reshape(self._shape[-1], -1).t().reshape(self._shape)
@@ -104,14 +107,14 @@ class Float8Tensor(QuantizedTensor):
             if self._data is None:
                 raise RuntimeError("Float8Tensor.update_usage: no rowwise copy to derive the columnwise copy from")
             k = self._shape[-1] if len(self._shape) else 1
-            self._transpose = torch.ops.te.fp8_transpose(self._data.reshape(-1, k)).reshape(
+            self._transpose = torch.ops.te.fp8_transpose.default(self._data.reshape(-1, k)).reshape(
                 _transposed_shape(self._shape))
             self._transpose_invalid = False
         if rowwise_usage and self._data is None:
             if self._transpose is None:
                 raise RuntimeError("Float8Tensor.update_usage: no columnwise copy to derive the rowwise copy from")
             k = self._shape[-1] if len(self._shape) else 1
-            self._data = torch.ops.te.fp8_transpose(self._transpose.reshape(k, -1)).reshape(self._shape)
+            self._data = torch.ops.te.fp8_transpose.default(self._transpose.reshape(k, -1)).reshape(self._shape)
         if rowwise_usage is False:
             if self._transpose is None:
                 raise RuntimeError("Float8Tensor.update_usage: dropping the rowwise copy would leave no data")

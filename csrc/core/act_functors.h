@@ -14,8 +14,10 @@ struct ActArgs {
   float glu_linear_offset = 1.0f;
 };
 
-// Gated ops use b unchanged unless the functor says otherwise.
+// Gated ops use b unchanged unless the functor says otherwise. kTabulate: fwd/bwd cost an exp and a
+// reciprocal, so the CUDA kernels look them up for bf16 inputs in a table the functor itself fills (exact).
 struct LinearGate {
+  static constexpr bool kTabulate = false;
   TE_HD static float lin(float b, const ActArgs&) { return b; }
   TE_HD static float dlin(float, const ActArgs&) { return 1.0f; }
 };
@@ -26,12 +28,13 @@ struct Identity : LinearGate {
 };
 
 // Tanh-approximation GELU. fwd evaluates x*(0.5 + 0.5*tanh(u)) as the algebraically identical x*sigma(2u),
-// u = x*(0.79788456 + 0.03567741*x^2): one exp and one reciprocal, no cancellation for x < 0. The constants
-// are doubled exactly, so the argument equals fl(2u) bit for bit. bwd uses the derivative's own inner form
+// u = x*(0.79788456 + 0.03567741*x^2) (the inner sum one FMA): one exp and one reciprocal, no cancellation for
+// x < 0. The constants are doubled exactly, so the argument is 2u with u's roundings. bwd uses the derivative's own inner form
 // v = 0.79788456*x*(1 + 0.044715*x^2), with 0.5(1+tanh v) = s and 1 - tanh^2 v = 4 s (1-s), s = sigma(2v).
 struct Gelu : LinearGate {
+  static constexpr bool kTabulate = true;
   TE_HD static float fwd(float x, const ActArgs&) {
-    const float u2 = x * ((2.0f * 0.79788456f) + (2.0f * 0.03567741f) * x * x);
+    const float u2 = x * fma_f32(2.0f * 0.03567741f, x * x, 2.0f * 0.79788456f);
     return x * sigmoid_f32(u2);
   }
   TE_HD static float bwd(float x, const ActArgs&) {
@@ -44,6 +47,7 @@ struct Gelu : LinearGate {
 
 // Quick GELU: x * sigma(1.702 x).
 struct QGelu : LinearGate {
+  static constexpr bool kTabulate = true;
   TE_HD static float fwd(float x, const ActArgs&) { return x * sigmoid_f32(1.702f * x); }
   TE_HD static float bwd(float x, const ActArgs&) {
     const SigmoidPair sp = sigmoid_pair(1.702f * x);
@@ -64,6 +68,7 @@ struct SRelu : LinearGate {
 };
 
 struct Silu : LinearGate {
+  static constexpr bool kTabulate = true;
   TE_HD static float fwd(float x, const ActArgs&) { return x * sigmoid_f32(x); }
   TE_HD static float bwd(float x, const ActArgs&) {
     const SigmoidPair sp = sigmoid_pair(x);
@@ -71,17 +76,20 @@ struct Silu : LinearGate {
   }
 };
 
-// GLU's gate function is sigma itself.
+// GLU's gate function is sigma itself. exp_f32 maps NaN to a number, so NaN is passed on explicitly here (the
+// other functors multiply by x, which carries it).
 struct Sigmoid : LinearGate {
-  TE_HD static float fwd(float x, const ActArgs&) { return sigmoid_f32(x); }
+  static constexpr bool kTabulate = true;
+  TE_HD static float fwd(float x, const ActArgs&) { return is_nan(x) ? x : sigmoid_f32(x); }
   TE_HD static float bwd(float x, const ActArgs&) {
     const SigmoidPair sp = sigmoid_pair(x);
-    return sp.s * sp.one_minus_s;
+    return is_nan(x) ? x : sp.s * sp.one_minus_s;
   }
 };
 
 // GPT-OSS clamped SwiGLU (SPEC §3.3): a clamped above only, b clamped to [-L, L] then offset by c.
 struct ClampedSilu {
+  static constexpr bool kTabulate = true;
   TE_HD static float clamp_a(float a, float limit) { return a > limit ? limit : a; }
   TE_HD static float fwd(float a, const ActArgs& p) {
     const float ac = clamp_a(a, p.limit);
@@ -141,24 +149,36 @@ inline bool act_is_known(int code) {
 
 // Per-element math shared by the CPU and CUDA kernels. Forward: y = act(a) [* lin(b)].
 // Backward: unary d = g * act'(x); gated d_a = (g * lin(b)) * act'(a), d_b = (g * act(a)) * dlin(b).
-template <class Op> TE_HD float act_forward(float a, float b, const ActArgs& p) {
+// The *_with forms take fa = F::fwd(a) and dfa = F::bwd(a) already evaluated (or looked up): one definition of
+// the remaining operations and their order, so tabulated and computed paths give the same bits.
+template <class Op> TE_HD float act_forward_with(float fa, float b, const ActArgs& p) {
+  if constexpr (Op::kGated) {
+    return fa * Op::Fn::lin(b, p);
+  } else {
+    return fa;
+  }
+}
+
+template <class Op>
+TE_HD void act_backward_with(float g, float fa, float dfa, float b, const ActArgs& p, float& da, float& db) {
   using F = typename Op::Fn;
   if constexpr (Op::kGated) {
-    return F::fwd(a, p) * F::lin(b, p);
+    da = g * F::lin(b, p) * dfa;
+    db = g * fa * F::dlin(b, p);
   } else {
-    return F::fwd(a, p);
+    da = g * dfa;
+    db = 0.0f;
   }
+}
+
+template <class Op> TE_HD float act_forward(float a, float b, const ActArgs& p) {
+  return act_forward_with<Op>(Op::Fn::fwd(a, p), b, p);
 }
 
 template <class Op> TE_HD void act_backward(float g, float a, float b, const ActArgs& p, float& da, float& db) {
   using F = typename Op::Fn;
-  if constexpr (Op::kGated) {
-    da = g * F::lin(b, p) * F::bwd(a, p);
-    db = g * F::fwd(a, p) * F::dlin(b, p);
-  } else {
-    da = g * F::bwd(a, p);
-    db = 0.0f;
-  }
+  const float fa = Op::kGated ? F::fwd(a, p) : 0.0f;
+  act_backward_with<Op>(g, fa, F::bwd(a, p), b, p, da, db);
 }
 
 }  // namespace te

@@ -36,7 +36,7 @@ struct ActKernelParams {
   float* amax = nullptr;            // [1] delayed: accumulated; current: written by kAmaxOnly, read by kCurrent
   float* scale_inv = nullptr;       // [1] written as fl(1/scale) by FP8 modes
   const float* noop = nullptr;      // [1] optional: 1.0 means write nothing
-  float* dbias_partial = nullptr;   // [act_row_blocks(rows, cols), out_cols] FP32 column sums of the values
+  float* dbias_partial = nullptr;   // [act_dbias_blocks(rows, cols), out_cols] FP32 column sums of the values
   int64_t rows = 0;
   int64_t cols = 0;
   ActArgs act;
@@ -50,19 +50,29 @@ inline int64_t act_out_cols(ActKind k, bool backward, int64_t cols) {
   return (backward && act_is_gated(k)) ? 2 * cols : cols;
 }
 
-// Row blocks of the activation kernels (CUDA grid.y, CPU chunks). A block covers 64 positions and walks row
-// tiles of 128 with a stride of act_row_blocks * 128, so that about kActTargetBlocks blocks cover the tensor
-// and each one keeps loads in flight across several tiles. The dbias partial buffer has one row per row block.
-// Depends on the shape only (no device query), so the bridge can size buffers and CPU and CUDA agree.
+// Row blocks of the tile kernel (CUDA grid.y): one per 128-row tile, capped at 65535 (past that a block walks
+// tiles blk, blk + 65535, ...).
 constexpr int64_t kActBlockRows = 128;
 constexpr int64_t kActTileCols = 64;
-constexpr int64_t kActTargetBlocks = 2048;
-inline int64_t act_row_blocks(int64_t rows, int64_t cols) {
+inline int64_t act_row_blocks(int64_t rows, int64_t /*cols*/) {
   const int64_t row_tiles = (rows + kActBlockRows - 1) / kActBlockRows;
-  const int64_t col_blocks = cols < 1 ? 1 : (cols + kActTileCols - 1) / kActTileCols;
-  int64_t cap = (kActTargetBlocks + col_blocks - 1) / col_blocks;
-  if (cap > 65535) cap = 65535;
-  return row_tiles < 1 ? 1 : (row_tiles < cap ? row_tiles : cap);
+  return row_tiles < 1 ? 1 : (row_tiles < 65535 ? row_tiles : 65535);
+}
+
+// dbias partial sums: one FP32 row of column sums per `act_dbias_rows` consecutive rows. 128, halved (down to 4)
+// while the CUDA strip kernel (2048 positions per block) would get fewer than 1024 blocks, so short tensors
+// still spread over the GPU. Depends on the shape only: the bridge sizes the buffer [act_dbias_blocks, out_cols]
+// and every kernel, CPU or CUDA, fills exactly that.
+constexpr int64_t kActStripCols = 2048;
+inline int64_t act_dbias_rows(int64_t rows, int64_t cols) {
+  const int64_t strips = cols < 1 ? 1 : (cols + kActStripCols - 1) / kActStripCols;
+  int64_t r = kActBlockRows;
+  while (r > 4 && ((rows + r - 1) / r) * strips < 1024) r /= 2;
+  return r;
+}
+inline int64_t act_dbias_blocks(int64_t rows, int64_t cols) {
+  const int64_t n = (rows + act_dbias_rows(rows, cols) - 1) / act_dbias_rows(rows, cols);
+  return n < 1 ? 1 : n;
 }
 
 // Parallel loop the host supplies for the CPU kernels: calls body(begin, end) over [0, n).
@@ -115,8 +125,12 @@ template <typename InT> TE_HD float fp8_scaled_value(float v, ScaleMode mode, fl
 
 // NaN-ignoring running max of |v| (SPEC §2 amax); `running` is never NaN.
 TE_HD float amax_update(float running, float v) {
+#if defined(__CUDA_ARCH__)
+  return fmaxf(running, fabsf(v));  // one FMNMX; fmax returns the non-NaN operand, as the host branch below
+#else
   const float a = bits_float(float_bits(v) & 0x7FFFFFFFu);
   return a > running ? a : running;
+#endif
 }
 
 // The scale an FP8 mode multiplies by.

@@ -5,7 +5,7 @@
 
 namespace te {
 namespace act_cuda {
-// Defined in act_gelu.cu / act_silu.cu / act_relu.cu.
+// Defined in act_{gelu,silu,relu}_{fwd,bwd}.cu.
 #define TE_DECLARE_ACT_CUDA(code, F, gated)                                                                   \
   extern template void launch_act<ActOp<F, gated>, false>(DType, const ActKernelParams&, cudaStream_t);      \
   extern template void launch_act<ActOp<F, gated>, true>(DType, const ActKernelParams&, cudaStream_t);
@@ -31,13 +31,24 @@ void activation_cuda(ActKind kind, bool backward, DType in_dtype, const ActKerne
 
 namespace {
 
+// Column sums of the dbias partials: a block takes 32 columns; its 8 warps sum interleaved row slices, then one
+// warp adds the 8 slice sums in a fixed order (deterministic, independent of scheduling).
 template <typename T>
 __global__ void dbias_reduce_kernel(const float* partial, int64_t partial_rows, int64_t cols, T* out) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+  __shared__ float slice[8][33];
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+  const int64_t c = int64_t(blockIdx.x) * 32 + lane;
   float s = 0.0f;
-  for (int64_t r = 0; r < partial_rows; ++r) s += partial[r * cols + c];
-  out[c] = from_float<T>(s);
+  if (c < cols)
+    for (int64_t r = w; r < partial_rows; r += 8) s += partial[r * cols + c];
+  slice[w][lane] = s;
+  __syncthreads();
+  if (w == 0 && c < cols) {
+    float t = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) t += slice[i][lane];
+    out[c] = from_float<T>(t);
+  }
 }
 
 template <typename T>
@@ -80,7 +91,8 @@ unsigned blocks_for(int64_t n, int threads) {
 void dbias_reduce_cuda(const float* partial, int64_t partial_rows, int64_t cols, DType out_dtype, void* out,
                        cudaStream_t s) {
   if (cols == 0) return;
-  const int64_t blocks = (cols + 255) / 256;
+  const int64_t blocks = (cols + 31) / 32;
+  if (blocks > 2147483647LL) core_fail("dbias: too many columns");
   TE_SWITCH_IN_DTYPE(out_dtype, T, {
     dbias_reduce_kernel<T><<<unsigned(blocks), 256, 0, s>>>(partial, partial_rows, cols, static_cast<T*>(out));
   });

@@ -32,7 +32,13 @@ TE_HD float fp16_bits_to_float(uint16_t h) {
   }
   return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
 }
-TE_HD float to_float(fp16_t x) { return fp16_bits_to_float(x.bits); }
+TE_HD float to_float(fp16_t x) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(x.bits));  // exact widening, same bits as the software decode
+#else
+  return fp16_bits_to_float(x.bits);
+#endif
+}
 
 TE_HD uint16_t float_to_bf16_bits_sw(float f) {
   uint32_t x = float_bits(f);
@@ -120,6 +126,20 @@ TE_HD uint16_t float2_to_fp8x2(float lo, float hi, bool e4m3) {
   return r;
 #else
   return uint16_t(float_to_fp8_sw(lo, e4m3)) | uint16_t(uint16_t(float_to_fp8_sw(hi, e4m3)) << 8);
+#endif
+}
+// The same with the format fixed at compile time (the device kernels hoist the runtime choice out of their loops).
+template <bool kE4m3> TE_HD uint16_t float2_to_fp8x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t r;
+  if constexpr (kE4m3) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+#else
+  return float2_to_fp8x2(lo, hi, kE4m3);
 #endif
 }
 TE_HD uint8_t float_to_fp8(float v, bool e4m3) { return uint8_t(float2_to_fp8x2(v, 0.0f, e4m3) & 0xFFu); }

@@ -109,7 +109,8 @@ void run_fp8_per_tensor(const ActRequest& r, const ActGeometry& geo, const Quant
   // passed in the spec is an already (all-)reduced amax: the first pass is skipped.
   p.force_pow2 = spec.force_pow2();
   p.amax_epsilon = float(spec.amax_epsilon);
-  Tensor amax = spec.amax.has_value() ? *spec.amax : at::zeros({1}, x.options().dtype(at::kFloat));
+  Tensor amax = spec.amax.has_value() ? *spec.amax : at::empty({1}, x.options().dtype(at::kFloat));
+  if (!spec.amax.has_value()) zero_scalar(amax);
   p.amax = amax.data_ptr<float>();
   if (!spec.amax.has_value()) {
     te::ActKernelParams pa = p;
@@ -146,7 +147,7 @@ std::vector<Tensor> activation_helper(ActRequest r, const QuantSpec& spec, Quant
   Tensor partial, grad_bias;
   if (r.with_dbias) {
     TORCH_CHECK_VALUE(!te::act_is_gated(r.kind), r.op, ": dbias is defined for unary activations only");
-    partial = at::empty({te::act_row_blocks(geo.rows, geo.cols), geo.out_cols}, r.x.options().dtype(at::kFloat));
+    partial = at::empty({te::act_dbias_blocks(geo.rows, geo.cols), geo.out_cols}, r.x.options().dtype(at::kFloat));
     grad_bias = at::empty({geo.out_cols}, r.x.options());
     p.dbias_partial = partial.data_ptr<float>();
   }
@@ -282,7 +283,7 @@ void compute_amax(const Tensor& x, const Tensor& amax) {
 #if defined(TE_WITH_CUDA)
   const c10::cuda::OptionalCUDAGuard guard(x.is_cuda() ? c10::optional<c10::Device>(x.device()) : c10::nullopt);
 #endif
-  amax.zero_();
+  zero_scalar(amax);
   te::ActKernelParams p;
   p.x = xc.data_ptr();
   p.mode = te::ScaleMode::kAmaxOnly;

@@ -124,6 +124,17 @@ void run_activation(te::ActKind kind, bool backward, te::DType dtype, const te::
   }
 }
 
+void zero_scalar(const Tensor& t) {
+#if defined(TE_WITH_CUDA)
+  if (t.is_cuda()) {
+    const cudaError_t e = cudaMemsetAsync(t.data_ptr(), 0, sizeof(float), current_stream());
+    TORCH_CHECK(e == cudaSuccess, "zeroing an amax buffer failed: ", cudaGetErrorString(e));
+    return;
+  }
+#endif
+  t.zero_();
+}
+
 void run_dbias_reduce(const Tensor& partial, Tensor& out) {
   const te::DType dt = input_dtype(out, "dbias", "grad_bias");
   if (out.is_cuda()) {

@@ -1,8 +1,0 @@
-// Instantiates the CUDA activation kernels of the ReLU family and the identity (the plain FP8 cast).
-#include "act_cuda.cuh"
-
-TE_INSTANTIATE_ACT_CUDA(kRelu, Relu, false)
-TE_INSTANTIATE_ACT_CUDA(kReglu, Relu, true)
-TE_INSTANTIATE_ACT_CUDA(kSrelu, SRelu, false)
-TE_INSTANTIATE_ACT_CUDA(kSreglu, SRelu, true)
-TE_INSTANTIATE_ACT_CUDA(kIdentity, Identity, false)

@@ -1,7 +1,0 @@
-// Instantiates the CUDA activation kernels of the sigmoid family (SiLU, SwiGLU, GLU, clamped SwiGLU).
-#include "act_cuda.cuh"
-
-TE_INSTANTIATE_ACT_CUDA(kSilu, Silu, false)
-TE_INSTANTIATE_ACT_CUDA(kSwiglu, Silu, true)
-TE_INSTANTIATE_ACT_CUDA(kGlu, Sigmoid, true)
-TE_INSTANTIATE_ACT_CUDA(kClampedSwiglu, ClampedSilu, true)
