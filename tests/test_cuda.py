@@ -307,13 +307,9 @@ def test_create_empty_on_cuda_and_pinned():
     assert qt._data.is_pinned()
 
 
-# ---- bf16 lookup-table path (large tensors; the kernels tabulate exp-based functors for bf16 inputs) -------------
-# Past the sizes where the CUDA kernels switch to the tables (rowwise: >= 4 steps per resident block; dbias: row
-# blocks of >= 64 rows).
-TABLE_SHAPE = {False: (8192, 4096), True: (8192, 8192)}  # by gated
-DBIAS_TABLE_SHAPE = (32768, 4096)
-
-
+# ---- bf16 lookup-table path ------------------------------------------------------------------------------------
+# For bf16 inputs the CUDA kernels look exp-based functors up in tables the functor fills; large tensors switch to
+# them on their own, TE_FORCE_TABLES=1 forces them at any size. Inputs: every bf16 bit pattern.
 def _every_bf16(shape, seed):
     """All 65536 bf16 bit patterns (NaN, Inf, zeros, subnormals included) in runs of 8 consecutive codes, the runs
     shuffled, tiled to `shape`: most 8-element chunks lie inside the table range, some straddle its edges."""
@@ -324,26 +320,44 @@ def _every_bf16(shape, seed):
     return codes.view(torch.bfloat16).reshape(shape)
 
 
-@pytest.mark.parametrize("k", [None, ("delayed", "e4m3", 3.5), ("current", "e4m3", False)])
-@pytest.mark.parametrize("name", ["gelu", "qgelu", "silu", "geglu", "swiglu", "glu", "clamped_swiglu"])
-def test_parity_bf16_tables(name, k):
-    x = _every_bf16(TABLE_SHAPE[name in ref.GATED], 11)
+def _table_parity(name, k, shape, params=None):
+    params = params or {}
+    x = _every_bf16(shape, 11)
     g = uniform(ref.out_shape(name, x.shape), torch.bfloat16, g=torch.Generator().manual_seed(12))
     outs = {}
     for dev in ["cpu", "cuda"]:
         q, _ = mkq(k, dev)
-        y = getattr(tex_module(), name)(x.to(dev), q)
+        y = getattr(tex_module(), name)(x.to(dev), q, **params)
         q2, _ = mkq(k, dev)
-        dx = getattr(tex_module(), ref.DACT_NAMES[name])(g.to(dev), x.to(dev), q2)
+        dx = getattr(tex_module(), ref.DACT_NAMES[name])(g.to(dev), x.to(dev), q2, **params)
         outs[dev] = (y, dx)
     assert_same(outs["cpu"][0], outs["cuda"][0], f"{name} {k} fwd")
     assert_same(outs["cpu"][1], outs["cuda"][1], f"{name} {k} bwd")
 
 
+@pytest.mark.parametrize("k", [None, ("delayed", "e4m3", 3.5), ("current", "e5m2", False)])
+@pytest.mark.parametrize("name", ["gelu", "qgelu", "silu", "geglu", "qgeglu", "swiglu", "glu", "clamped_swiglu"])
+def test_parity_bf16_tables_forced(name, k, monkeypatch):
+    monkeypatch.setenv("TE_FORCE_TABLES", "1")
+    _table_parity(name, k, (256, 1024))
+    if name == "clamped_swiglu":
+        _table_parity(name, k, (256, 1024), dict(limit=3.0, alpha=1.25, glu_linear_offset=0.0))
+
+
+@pytest.mark.parametrize("name", ["gelu", "swiglu"])
+def test_parity_bf16_tables_by_size(name):
+    # Large enough that the kernels choose the tables themselves (>= 4 steps per resident block).
+    _table_parity(name, ("delayed", "e4m3", 3.5), (8192, 4096) if name == "gelu" else (8192, 8192))
+
+
+@pytest.mark.parametrize("forced", [True, False])
 @pytest.mark.parametrize("name", ["dbias_dgelu", "dbias_dsilu", "dbias_dqgelu"])
-def test_parity_bf16_tables_dbias(name):
-    x = _every_bf16(DBIAS_TABLE_SHAPE, 13)
-    g = uniform(DBIAS_TABLE_SHAPE, torch.bfloat16, g=torch.Generator().manual_seed(14))
+def test_parity_bf16_tables_dbias(name, forced, monkeypatch):
+    if forced:
+        monkeypatch.setenv("TE_FORCE_TABLES", "1")
+    shape = (512, 1024) if forced else (32768, 4096)  # the latter: dbias row blocks of 64 rows, tables by size
+    x = _every_bf16(shape, 13)
+    g = uniform(shape, torch.bfloat16, g=torch.Generator().manual_seed(14))
     xf = x.float()
     keep = torch.isfinite(xf) & (xf.abs() < 8)  # sums of finite, moderate values only
     x = torch.where(keep, x, torch.zeros_like(x))

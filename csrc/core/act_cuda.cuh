@@ -1,8 +1,10 @@
 // CUDA kernel of the activation / cast family (included by the act_*.cu translation units, which instantiate
 // it for a few activations each so the build parallelises).
 //
-// Two kernels: a rowwise one for the common case (aligned rows of 8-element chunks, no transposed copy, no
-// dbias), a flat list of chunks with several 16-byte loads in flight per thread; and a tile kernel for the rest.
+// Three kernels: a rowwise one for the common case (aligned rows of 8-element chunks, no transposed copy, no
+// dbias), a flat list of chunks with several 16-byte loads in flight per thread; a strip kernel for dbias; and a
+// tile kernel for the rest (transposed copies, ragged shapes). The first two are instantiated per output kind and,
+// for bf16 inputs of exp-based functors, look the functor up in exact shared-memory tables.
 // Tile kernel: a block of 256 threads owns 64 positions x 128 rows; thread t takes the 8 consecutive positions
 // 8*(t%8).. and the 4 consecutive rows 4*(t/8)..: 16-byte loads of bf16/fp16 (two for fp32), all four rows in
 // flight before any math. FP8 codes of the transposed copy go through shared memory as 4-row words, swizzled
@@ -14,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "activation.h"
@@ -57,6 +60,7 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+
 // Eight values -> eight FP8 codes (little-endian in two words). kRound: current scaling rounds each value to the
 // input dtype first (fp8_scaled_value's rule with the mode fixed at compile time).
 template <typename InT, bool kRound, bool kE4m3>
@@ -71,21 +75,15 @@ __device__ __forceinline__ uint2 encode8_t(const float (&v)[kVec], float scale) 
   }
   return make_uint2(w[0], w[1]);
 }
-template <typename InT>
-__device__ __forceinline__ uint2 encode8(const float (&v)[kVec], ScaleMode mode, float scale, bool e4m3) {
-  if (mode == ScaleMode::kCurrent) {
-    return e4m3 ? encode8_t<InT, true, true>(v, scale) : encode8_t<InT, true, false>(v, scale);
-  }
-  return e4m3 ? encode8_t<InT, false, true>(v, scale) : encode8_t<InT, false, false>(v, scale);
-}
 
-// Block-wide amax, then one atomic per block. Non-negative floats order like their bit patterns.
-__device__ __forceinline__ void block_amax_to_global(float amax, float* red, float* out) {
+// Block-wide amax of a kBlock-thread block, then one atomic per block. Non-negative floats order like their bit
+// patterns.
+template <int kBlock> __device__ __forceinline__ void block_amax_to_global(float amax, float* red, float* out) {
   amax = warp_max(amax);
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
   __syncthreads();
   if (threadIdx.x < 32) {
-    float a = threadIdx.x < kThreads / 32 ? red[threadIdx.x] : 0.0f;
+    float a = threadIdx.x < kBlock / 32 ? red[threadIdx.x] : 0.0f;
     a = warp_max(a);
     if (threadIdx.x == 0 && a > 0.0f) atomicMax(reinterpret_cast<int*>(out), __float_as_int(a));
   }
@@ -96,11 +94,13 @@ __device__ __forceinline__ int tile_word(int j, int w) { return j * 32 + (w ^ (4
 
 // Tile kernel: FP8 transposed copies, dbias partial sums, and ragged shapes. A block owns one 128 x 64 tile at a
 // time (grid.y row tiles, looping only past 65535 of them); no cross-tile prefetch, so registers stay low and
-// several blocks per SM keep enough loads in flight.
+// several blocks per SM keep enough loads in flight: four for unary forward ops (the casts among them), two for the
+// register-hungrier gated and backward ones.
 // kVecPath: every chunk is 8 aligned elements (cols % 8 == 0, aligned pointers), so rows load and store as 16-byte
 // vectors; the general instantiation handles ragged shapes element by element.
 template <class Op, bool kBwd, typename InT, bool kVecPath>
-__global__ void __launch_bounds__(kThreads, 2) act_kernel(const ActKernelParams p, int64_t dbias_rows) {
+__global__ void __launch_bounds__(kThreads, (Op::kGated || kBwd) ? 2 : 4)
+act_kernel(const ActKernelParams p, int64_t dbias_rows) {
   constexpr bool vec = kVecPath;
   constexpr bool kGated = Op::kGated;
   constexpr bool kTwoOut = kBwd && kGated;
@@ -259,42 +259,113 @@ __global__ void __launch_bounds__(kThreads, 2) act_kernel(const ActKernelParams 
     }
   }
 
-  if (track_amax) block_amax_to_global(amax, red, p.amax);
+  if (track_amax) block_amax_to_global<kThreads>(amax, red, p.amax);
+}
+
+// ---- Streaming kernels: compile-time output kind ---------------------------------------------------------------
+// The rowwise and strip kernels are instantiated per output kind, so their loops carry no mode branches (only the
+// E4M3/E5M2 choice stays a warp-uniform runtime branch per chunk).
+enum class OutKind { kPlain, kDelayed, kCurrent, kAmax };
+
+template <OutKind kOut> struct OutTraits {
+  static constexpr bool kFp8 = kOut == OutKind::kDelayed || kOut == OutKind::kCurrent;
+  static constexpr bool kTrackAmax = kOut == OutKind::kDelayed || kOut == OutKind::kAmax;
+  static constexpr bool kRound = kOut == OutKind::kCurrent;  // rnd_in before scaling (SPEC §5.1)
+};
+
+// Runtime ScaleMode -> OutKind for the launchers; the default names the accepted values.
+#define TE_SWITCH_OUT_KIND(mode, K, ...)                                                                   \
+  switch (mode) {                                                                                          \
+    case ::te::ScaleMode::kPlain: { constexpr auto K = OutKind::kPlain; __VA_ARGS__; break; }              \
+    case ::te::ScaleMode::kDelayed: { constexpr auto K = OutKind::kDelayed; __VA_ARGS__; break; }          \
+    case ::te::ScaleMode::kCurrent: { constexpr auto K = OutKind::kCurrent; __VA_ARGS__; break; }          \
+    case ::te::ScaleMode::kAmaxOnly: { constexpr auto K = OutKind::kAmax; __VA_ARGS__; break; }            \
+    default: ::te::core_fail("activation kernel: scale mode " + std::to_string(int(mode)) +               \
+                             " is not known; accepted: plain 0, delayed 1, current 2, amax-only 3");       \
+  }
+
+// Writes one chunk of 8 values at element offset `off` of the output: the input dtype (kPlain) or FP8 codes;
+// amax over the unrounded values where the kind tracks it.
+template <OutKind kOut, typename InT>
+__device__ __forceinline__ void emit8(const float (&v)[kVec], void* out, int64_t off, float scale, bool e4m3,
+                                      float& amax) {
+  using Tr = OutTraits<kOut>;
+  if constexpr (Tr::kTrackAmax) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) amax = amax_update(amax, v[k]);
+  }
+  if constexpr (kOut == OutKind::kPlain) {
+    store8(static_cast<InT*>(out) + off, true, kVec, v);
+  } else if constexpr (Tr::kFp8) {
+    const uint2 w = e4m3 ? encode8_t<InT, Tr::kRound, true>(v, scale) : encode8_t<InT, Tr::kRound, false>(v, scale);
+    *reinterpret_cast<uint2*>(static_cast<uint8_t*>(out) + off) = w;
+  }
+}
+
+// The scale an FP8 kind multiplies by, and scale_inv written once per launch (by block 0).
+template <OutKind kOut> __device__ __forceinline__ float kind_scale(const ActKernelParams& p) {
+  if constexpr (!OutTraits<kOut>::kFp8) {
+    return 1.0f;
+  } else {
+    const float s = kOut == OutKind::kDelayed
+                        ? *p.scale
+                        : current_scale(*p.amax, fp8_max(p.e4m3), p.amax_epsilon, p.force_pow2);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / s;
+    return s;
+  }
 }
 
 // ---- Exact lookup tables for bf16 inputs ----------------------------------------------------------------------
 // A bf16 input has 65536 possible values; for the functors that cost an exp and a reciprocal (kTabulate), a block
-// fills shared-memory tables of F::fwd / F::bwd at every bf16 of magnitude in [2^-25, 2^7) (biased exponents
-// 102..133, both signs: 8192 entries each) by calling the functor, then looks values up instead of recomputing
-// them. A chunk with any input outside the table (zeros, tiny, huge, Inf/NaN) takes the computed path. The table
-// holds exactly what the functor returns, so the bytes do not change.
-constexpr uint32_t kLutExpLo = 102;
-constexpr uint32_t kLutPerSign = 32u * 128u;
-constexpr uint32_t kLutSize = 2u * kLutPerSign;
-
-__device__ __forceinline__ uint32_t lut_index(uint16_t bits) {
-  const uint32_t m = uint32_t(bits & 0x7FFFu) - (kLutExpLo << 7);
-  return m < kLutPerSign ? m + (uint32_t(bits >> 15) << 12) : kLutSize;
-}
+// fills shared-memory tables of F::fwd / F::bwd at every bf16 of magnitude in [2^-25, 2^7) (bit patterns
+// 0x3300..0x42FF and their negatives: 4096 entries per sign) by calling the functor, then looks values up instead
+// of recomputing them. A chunk with any input outside the table (zeros, tiny, huge, Inf/NaN) takes the computed
+// path. The tables hold exactly what the functor returns, so the bytes do not change.
+// Table layout (bytes): [positive 16 KB | negative 16 KB] per table; the bwd table follows the fwd one.
+constexpr uint32_t kLutLo = 0x3300u;          // bf16 bits of 2^-25
+constexpr uint32_t kLutPerSign = 0x1000u;     // 32 binades x 128 mantissas
+constexpr uint32_t kLutEntries = 2u * kLutPerSign;
+constexpr uint32_t kLutTableBytes = kLutEntries * 4u;
 
 // Which tables an op needs: fwd for forward and for the gated backward (d_b), bwd for every backward.
 template <class Op, bool kBwd> struct LutPlan {
   static constexpr bool kFwd = !kBwd || Op::kGated;
   static constexpr bool kBwdTab = kBwd;
-  static constexpr int kTables = int(kFwd) + int(kBwdTab);
-  static constexpr size_t kBytes = size_t(kTables) * kLutSize * sizeof(float);
+  static constexpr uint32_t kBwdOffset = kFwd ? kLutTableBytes : 0u;
+  static constexpr size_t kBytes = size_t(int(kFwd) + int(kBwdTab)) * kLutTableBytes;
 };
 
-template <class Op, bool kBwd>
+template <class Op, bool kBwd, int kBlock>
 __device__ __forceinline__ void lut_fill(float* lut, const ActArgs& args) {
   using Plan = LutPlan<Op, kBwd>;
-  for (uint32_t i = threadIdx.x; i < kLutSize; i += kThreads) {
-    const uint16_t bits = uint16_t(((i >> 12) << 15) | ((i & (kLutPerSign - 1)) + (kLutExpLo << 7)));
+  for (uint32_t i = threadIdx.x; i < kLutEntries; i += kBlock) {
+    const uint16_t bits = uint16_t(((i / kLutPerSign) << 15) | (i % kLutPerSign + kLutLo));
     const float a = to_float(bf16_t{bits});
     if (Plan::kFwd) lut[i] = Op::Fn::fwd(a, args);
-    if (Plan::kBwdTab) lut[(Plan::kFwd ? kLutSize : 0u) + i] = Op::Fn::bwd(a, args);
+    if (Plan::kBwdTab) lut[Plan::kBwdOffset / 4u + i] = Op::Fn::bwd(a, args);
   }
   __syncthreads();
+}
+
+// Byte offsets into a table of the 8 bf16 of `v`; false when any of them lies outside the table. Both halves of a
+// 32-bit word at once: d = w - 0x33003300 leaves each in-range half in [0, 0x1000) (positive) or
+// [0x8000, 0x9000) (negative), i.e. with bits 12-14 clear; an out-of-range low half may borrow from the high one,
+// but then the chunk is rejected anyway.
+__device__ __forceinline__ bool lut_offsets(const Vec8<bf16_t>& v, uint32_t (&off)[kVec]) {
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
+  uint32_t any = 0u;
+#pragma unroll
+  for (int j = 0; j < kVec / 2; ++j) {
+    const uint32_t d = w[j] - (kLutLo | (kLutLo << 16));
+    any |= d;
+    off[2 * j] = ((d << 2) & 0x3FFCu) | ((d >> 1) & 0x4000u);
+    off[2 * j + 1] = ((d >> 14) & 0x3FFCu) | ((d >> 17) & 0x4000u);
+  }
+  return (any & 0x70007000u) == 0u;
+}
+
+__device__ __forceinline__ float lut_at(const float* lut, uint32_t byte_off) {
+  return *reinterpret_cast<const float*>(reinterpret_cast<const char*>(lut) + byte_off);
 }
 
 // The op on one chunk of 8 positions: out[0] (and out[1], the d_b half of a gated backward). With kLut the
@@ -305,20 +376,14 @@ __device__ __forceinline__ void eval8(const Vec8<InT>& va, const Vec8<InT>& vb, 
   constexpr bool kGated = Op::kGated;
   if constexpr (kLut) {
     using Plan = LutPlan<Op, kBwd>;
-    uint32_t idx[kVec];
-    bool hit = true;
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      idx[k] = lut_index(reinterpret_cast<const uint16_t&>(va.e[k]));
-      hit = hit && idx[k] < kLutSize;
-    }
-    if (hit) {
+    uint32_t off[kVec];
+    if (lut_offsets(va, off)) {
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         const float b = kGated ? to_float(vb.e[k]) : 0.0f;
-        const float fa = Plan::kFwd ? lut[idx[k]] : 0.0f;
+        const float fa = Plan::kFwd ? lut_at(lut, off[k]) : 0.0f;
         if constexpr (kBwd) {
-          const float dfa = lut[(Plan::kFwd ? kLutSize : 0u) + idx[k]];
+          const float dfa = lut_at(lut, Plan::kBwdOffset + off[k]);
           act_backward_with<Op>(to_float(vg.e[k]), fa, dfa, b, args, out[0][k], out[1][k]);
         } else {
           out[0][k] = act_forward_with<Op>(fa, b, args);
@@ -339,108 +404,136 @@ __device__ __forceinline__ void eval8(const Vec8<InT>& va, const Vec8<InT>& vb, 
   }
 }
 
-// Rowwise kernel: no transposed copy, no dbias, every row a whole number of aligned 8-element chunks. The
-// tensor is a flat list of chunks (gated inputs map chunk -> (row, position)); per step, thread t of a block
-// takes chunks t, t + 256, ... of the block's kUnroll * 256, issues all their loads before any math, and stores
-// 16-byte (plain) or 8-byte (FP8) vectors; blocks stride over the steps (one step each unless kLut, whose grid
-// is sized to the resident blocks so each table fill serves many steps). One amax atomic per block.
-template <class Op, bool kBwd> struct RowwiseUnroll { static constexpr int value = (kBwd && Op::kGated) ? 2 : 4; };
+// n / d by a multiply (round-up method): m = ceil(2^(32+l) / d) with l = ceil(log2 d), split into its low word and
+// its 33rd bit; exact for n < 2^31.
+struct FastDiv {
+  uint32_t d = 1, m_lo = 0, m_hi = 1, l = 0;
+  FastDiv() = default;
+  explicit FastDiv(uint32_t div) : d(div < 1 ? 1 : div) {
+    while ((uint64_t(1) << l) < d) ++l;
+    const uint64_t m = ((uint64_t(1) << (32 + l)) + d - 1) / d;
+    m_lo = uint32_t(m);
+    m_hi = uint32_t(m >> 32);
+  }
+  __device__ __forceinline__ uint32_t div(uint32_t n) const { return (n * m_hi + __umulhi(n, m_lo)) >> l; }
+};
 
-template <class Op, bool kBwd, typename InT, bool kLut>
-__global__ void __launch_bounds__(kThreads, sizeof(InT) == 4 ? 3 : 4)
-act_rowwise_kernel(const ActKernelParams p, uint32_t chunks_per_row, uint32_t n_chunks, int units) {
+// ---- Rowwise kernel ----------------------------------------------------------------------------------------------
+// No transposed copy, no dbias, every row a whole number of aligned 8-element chunks: the tensor is a flat list of
+// chunks (gated inputs map chunk -> (row, position)). A step of a block is `units` (<= kU) chunks per thread
+// (thread t: chunks t, t + kRowThreads, ...), all loads of a step issued before its math; 16-byte (plain) or
+// 8-byte (FP8) stores; one amax atomic per block. Computed path: one step per block, the hardware overlaps blocks.
+// Table path: a grid of resident blocks, each filling its tables once (while its first loads are in flight) and
+// walking many steps. No double buffering: the resident warps of an SM keep enough loads in flight among them, and
+// the registers it would take cost occupancy.
+constexpr int kRowThreads = 512;
+
+// Chunks per thread and step: 64 bytes of 16-bit input (32 of FP32) per input stream of unary forward, shared
+// among the streams (gated: a and b; backward: grad).
+template <class Op, bool kBwd, typename InT> struct RowwiseUnroll {
+  static constexpr int kStreams = 1 + int(Op::kGated) + int(kBwd);
+  static constexpr int kRaw = (4 / kStreams) / (sizeof(InT) == 4 ? 2 : 1);
+  static constexpr int value = kRaw < 1 ? 1 : kRaw;
+};
+
+struct RowwiseGeom {
+  uint32_t n_chunks = 0;     // rows * chunks_per_row (< 2^31)
+  uint32_t cpr = 0;          // chunks per row
+  FastDiv row_of;            // chunk -> row (gated)
+  int units = 1;             // chunks per thread and step (<= kU)
+};
+
+template <class Op, bool kBwd, typename InT, OutKind kOut, bool kLut>
+__global__ void __launch_bounds__(kRowThreads, sizeof(InT) == 4 ? 1 : 2)
+act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
   constexpr bool kGated = Op::kGated;
   constexpr bool kTwoOut = kBwd && kGated;
-  constexpr int kU = RowwiseUnroll<Op, kBwd>::value;
-  const int64_t kPerStep = int64_t(kThreads) * units;  // units <= kU chunks per thread and step
-  __shared__ float red[kThreads / 32];
+  constexpr int kU = RowwiseUnroll<Op, kBwd, InT>::value;
+  __shared__ float red[kRowThreads / 32];
   extern __shared__ float lut[];
 
   if (p.noop != nullptr && *p.noop == 1.0f) return;
+  const float scale = kind_scale<kOut>(p);
   const int64_t cols = p.cols;
-  const bool fp8 = mode_writes_fp8(p.mode);
-  const bool plain = p.mode == ScaleMode::kPlain;
-  const bool track_amax = mode_tracks_amax(p.mode);
-  const float scale = fp8 ? mode_scale(p) : 1.0f;
-  if (fp8 && blockIdx.x == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
-  if constexpr (kLut) lut_fill<Op, kBwd>(lut, p.act);
-
+  const uint32_t n = geo.n_chunks;
+  const uint32_t per_step = uint32_t(kRowThreads) * uint32_t(geo.units);
   const InT* x = static_cast<const InT*>(p.x);
   const InT* g = static_cast<const InT*>(p.grad);
-  float amax = 0.0f;
-  for (int64_t step = int64_t(blockIdx.x) * kPerStep; step < int64_t(n_chunks); step += int64_t(gridDim.x) * kPerStep) {
-    const uint32_t first = uint32_t(step) + threadIdx.x;
-    Vec8<InT> ra[kU], rb[kU], rg[kU];
-    int64_t ooff[kU];
+
+  // Element offsets of chunk ci in x (a half) and in the output.
+  auto offsets = [&](uint32_t ci, int64_t& xoff, int64_t& ooff) {
+    if constexpr (kGated) {
+      const uint32_t r = geo.row_of.div(ci);
+      xoff = int64_t(r) * 2 * cols + int64_t(ci - r * geo.cpr) * kVec;
+      ooff = kTwoOut ? xoff : int64_t(ci) * kVec;
+    } else {
+      xoff = ooff = int64_t(ci) * kVec;
+    }
+  };
+  Vec8<InT> ra[kU], rb[kU], rg[kU];
+  auto load_step = [&](uint32_t step) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const uint32_t ci = u < units ? first + uint32_t(u * kThreads) : n_chunks;
-      int64_t xoff;
-      if (kGated) {
-        const uint32_t r = ci / chunks_per_row;
-        const int64_t c = int64_t(ci - r * chunks_per_row) * kVec;
-        xoff = int64_t(r) * 2 * cols + c;
-        ooff[u] = kTwoOut ? xoff : int64_t(ci) * kVec;
-      } else {
-        xoff = ooff[u] = int64_t(ci) * kVec;
-      }
-      if (ci < n_chunks) {
+      const uint32_t ci = step + threadIdx.x + uint32_t(u) * kRowThreads;
+      if (u < geo.units && ci < n) {
+        int64_t xoff, ooff;
+        offsets(ci, xoff, ooff);
         ra[u] = *reinterpret_cast<const Vec8<InT>*>(x + xoff);
         if (kGated) rb[u] = *reinterpret_cast<const Vec8<InT>*>(x + xoff + cols);
         if (kBwd) rg[u] = *reinterpret_cast<const Vec8<InT>*>(g + int64_t(ci) * kVec);
       }
     }
+  };
+
+  const uint32_t first = blockIdx.x * per_step;
+  if constexpr (kLut) {
+    if (first < n) load_step(first);
+    lut_fill<Op, kBwd, kRowThreads>(lut, p.act);  // overlaps the first loads
+  }
+  float amax = 0.0f;
+  for (uint32_t step = first; step < n; step += gridDim.x * per_step) {
+    if (!kLut || step != first) load_step(step);
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      if (u >= units || first + uint32_t(u * kThreads) >= n_chunks) break;
+      const uint32_t ci = step + threadIdx.x + uint32_t(u) * kRowThreads;
+      if (u >= geo.units || ci >= n) break;
+      int64_t xoff, ooff;
+      offsets(ci, xoff, ooff);
       float out[2][kVec];
       eval8<Op, kBwd, kLut>(ra[u], rb[u], rg[u], p.act, lut, out);
 #pragma unroll
-      for (int h = 0; h < (kTwoOut ? 2 : 1); ++h) {
-        if (track_amax) {
-#pragma unroll
-          for (int k = 0; k < kVec; ++k) amax = amax_update(amax, out[h][k]);
-        }
-        const int64_t o = ooff[u] + h * cols;
-        if (plain) {
-          store8(static_cast<InT*>(p.out) + o, true, kVec, out[h]);
-        } else if (fp8 && p.out != nullptr) {
-          *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.out) + o) = encode8<InT>(out[h], p.mode, scale, p.e4m3);
-        }
-      }
+      for (int h = 0; h < (kTwoOut ? 2 : 1); ++h) emit8<kOut, InT>(out[h], p.out, ooff + h * cols, scale, p.e4m3, amax);
     }
   }
-  if (track_amax) block_amax_to_global(amax, red, p.amax);
+  if constexpr (OutTraits<kOut>::kTrackAmax) block_amax_to_global<kRowThreads>(amax, red, p.amax);
 }
 
-// Strip kernel: dbias (unary ops), aligned rows, no transposed copy. A block owns kActStripCols consecutive
-// positions (thread t: 8t..8t+7) of one block of act_dbias_rows rows (grid.y; past 65535 blocks it walks
-// blk, blk + gridDim.y, ...) and goes down its rows four at a time with all loads in flight; each thread sums
-// its own positions and writes them as the block's partial row, so no shared-memory reduction is needed.
-constexpr int kStripRows = 4;
+// ---- Strip kernel ------------------------------------------------------------------------------------------------
+// dbias (unary ops), aligned rows, no transposed copy. Work item (strip s, row block b): kActStripCols consecutive
+// positions (thread t: 8t..8t+7) of the act_dbias_rows rows of block b; each thread sums its own positions down
+// the rows and writes them as the item's partial row, so no shared-memory reduction is needed. Blocks walk items
+// b-major (grid-stride), so the table path fills its tables once per block. Two rows of loads per step.
+constexpr int kStripRows = 2;
 static_assert(kActStripCols == kThreads * kVec, "a strip is one 8-position chunk per thread");
-template <class Op, bool kBwd, typename InT, bool kLut>
-__global__ void __launch_bounds__(kThreads, sizeof(InT) == 4 ? 3 : 4)
-act_strip_kernel(const ActKernelParams p, int64_t block_rows) {
+
+template <class Op, bool kBwd, typename InT, OutKind kOut, bool kLut>
+__global__ void __launch_bounds__(kThreads, sizeof(InT) == 4 ? 2 : 4)
+act_strip_kernel(const ActKernelParams p, int64_t block_rows, int64_t n_strips, int64_t n_items) {
   static_assert(!Op::kGated, "dbias is defined for unary activations only");
   __shared__ float red[kThreads / 32];
   extern __shared__ float lut[];
   if (p.noop != nullptr && *p.noop == 1.0f) return;
+  const float scale = kind_scale<kOut>(p);
+  if constexpr (kLut) lut_fill<Op, kBwd, kThreads>(lut, p.act);
   const int64_t rows = p.rows, cols = p.cols;
-  const bool fp8 = mode_writes_fp8(p.mode);
-  const bool plain = p.mode == ScaleMode::kPlain;
-  const bool track_amax = mode_tracks_amax(p.mode);
-  const float scale = fp8 ? mode_scale(p) : 1.0f;
-  if (fp8 && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / scale;
-  if constexpr (kLut) lut_fill<Op, kBwd>(lut, p.act);
-
-  const int64_t c0 = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * kVec;
-  const bool active = c0 < cols;
   const InT* x = static_cast<const InT*>(p.x);
   const InT* g = static_cast<const InT*>(p.grad);
   float amax = 0.0f;
-  for (int64_t m0 = int64_t(blockIdx.y) * block_rows; active && m0 < rows; m0 += int64_t(gridDim.y) * block_rows) {
-    const int64_t m1 = min(rows, m0 + block_rows);
+  for (int64_t item = blockIdx.x; item < n_items; item += gridDim.x) {
+    const int64_t blk = item / n_strips;
+    const int64_t c0 = ((item - blk * n_strips) * kThreads + threadIdx.x) * kVec;
+    if (c0 >= cols) continue;
+    const int64_t m0 = blk * block_rows, m1 = min(rows, m0 + block_rows);
     float dsum[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) dsum[k] = 0.0f;
@@ -459,25 +552,18 @@ act_strip_kernel(const ActKernelParams p, int64_t block_rows) {
         float out[2][kVec];
         eval8<Op, kBwd, kLut>(ra[i], ra[i], rg[i], p.act, lut, out);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) {
-          dsum[k] += out[0][k];
-          if (track_amax) amax = amax_update(amax, out[0][k]);
-        }
-        const int64_t o = (r0 + i) * cols + c0;
-        if (plain) {
-          store8(static_cast<InT*>(p.out) + o, true, kVec, out[0]);
-        } else if (fp8 && p.out != nullptr) {
-          *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.out) + o) = encode8<InT>(out[0], p.mode, scale, p.e4m3);
-        }
+        for (int k = 0; k < kVec; ++k) dsum[k] += out[0][k];
+        emit8<kOut, InT>(out[0], p.out, (r0 + i) * cols + c0, scale, p.e4m3, amax);
       }
     }
-    float* dst = p.dbias_partial + (m0 / block_rows) * cols + c0;
+    float* dst = p.dbias_partial + blk * cols + c0;
     *reinterpret_cast<float4*>(dst) = make_float4(dsum[0], dsum[1], dsum[2], dsum[3]);
     *reinterpret_cast<float4*>(dst + 4) = make_float4(dsum[4], dsum[5], dsum[6], dsum[7]);
   }
-  if (track_amax) block_amax_to_global(amax, red, p.amax);
+  if constexpr (OutTraits<kOut>::kTrackAmax) block_amax_to_global<kThreads>(amax, red, p.amax);
 }
 
+// ---- Launchers -------------------------------------------------------------------------------------------------
 inline void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) core_fail(std::string(what) + ": CUDA launch failed: " + cudaGetErrorString(e));
@@ -495,11 +581,72 @@ inline int device_sm_count() {
   return n;
 }
 
-// Launches kernel<<<grid, kThreads, lut bytes>>> after allowing that much dynamic shared memory.
-template <typename Kernel, typename... Args>
-void launch_with_smem(Kernel kernel, dim3 grid, size_t smem, cudaStream_t stream, Args... args) {
-  if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  kernel<<<grid, kThreads, smem, stream>>>(args...);
+// TE_FORCE_TABLES=1 makes every bf16 launch of a tabulated functor use the tables, whatever its size (tests use it
+// to cover all 65536 inputs with small tensors).
+inline bool force_tables() {
+  const char* v = std::getenv("TE_FORCE_TABLES");
+  return v != nullptr && v[0] == '1';
+}
+
+// Blocks of `kernel` resident per SM with `smem` bytes of dynamic shared memory, after allowing that much (cached
+// per kernel; 0 if unknown).
+template <auto kernel> int resident_per_sm(int threads, size_t smem) {
+  static int per_sm = -1;
+  if (per_sm < 0) {
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    int n = 0;
+    per_sm = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) == cudaSuccess ? n : 0;
+  }
+  return per_sm;
+}
+
+template <class Op, bool kBwd, typename T, OutKind kOut>
+void launch_rowwise(const ActKernelParams& p, uint32_t cpr, uint32_t n_chunks, cudaStream_t stream) {
+  constexpr int kU = RowwiseUnroll<Op, kBwd, T>::value;
+  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+  RowwiseGeom geo;
+  geo.n_chunks = n_chunks;
+  geo.cpr = cpr;
+  geo.row_of = FastDiv(cpr);
+  // A tensor too small to give every SM two full steps gets one chunk per thread.
+  const bool small = int64_t(n_chunks) < int64_t(kRowThreads) * kU * 2 * sms;
+  geo.units = small ? 1 : kU;
+  const int64_t per_block = int64_t(kRowThreads) * geo.units;
+  // An empty tensor still launches one block so that scale_inv is written (SPEC §4.10).
+  const int64_t blocks = n_chunks < 1 ? 1 : (int64_t(n_chunks) + per_block - 1) / per_block;
+  if constexpr (Op::Fn::kTabulate && std::is_same<T, bf16_t>::value) {
+    // Tables pay off when each resident block walks several steps after filling them.
+    constexpr auto kernel = act_rowwise_kernel<Op, kBwd, T, kOut, true>;
+    constexpr size_t kSmem = LutPlan<Op, kBwd>::kBytes;
+    const int64_t resident = int64_t(resident_per_sm<kernel>(kRowThreads, kSmem)) * sms;
+    if (resident > 0 && (force_tables() || (!small && blocks >= 4 * resident))) {
+      kernel<<<unsigned(std::min(blocks, resident)), kRowThreads, kSmem, stream>>>(p, geo);
+      return;
+    }
+  }
+  act_rowwise_kernel<Op, kBwd, T, kOut, false><<<unsigned(blocks), kRowThreads, 0, stream>>>(p, geo);
+}
+
+template <class Op, bool kBwd, typename T, OutKind kOut>
+void launch_strip(const ActKernelParams& p, int64_t dbias_rows, cudaStream_t stream) {
+  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+  const int64_t strips = std::max<int64_t>(1, (p.cols + kActStripCols - 1) / kActStripCols);
+  const int64_t items = strips * act_dbias_blocks(p.rows, p.cols);
+  if constexpr (Op::Fn::kTabulate && std::is_same<T, bf16_t>::value) {
+    constexpr auto kernel = act_strip_kernel<Op, kBwd, T, kOut, true>;
+    constexpr size_t kSmem = LutPlan<Op, kBwd>::kBytes;
+    const int per_sm = resident_per_sm<kernel>(kThreads, kSmem);
+    // Tables pay off when each block walks enough rows after filling them.
+    if (per_sm > 0 && (force_tables() || items * dbias_rows >= 64 * int64_t(per_sm) * sms)) {
+      kernel<<<unsigned(std::min<int64_t>(items, int64_t(per_sm) * sms)), kThreads, kSmem, stream>>>(
+          p, dbias_rows, strips, items);
+      return;
+    }
+  }
+  constexpr auto kernel = act_strip_kernel<Op, kBwd, T, kOut, false>;
+  const int per_sm = std::max(1, resident_per_sm<kernel>(kThreads, 0));
+  kernel<<<unsigned(std::min<int64_t>(items, int64_t(per_sm) * sms)), kThreads, 0, stream>>>(p, dbias_rows, strips,
+                                                                                             items);
 }
 
 template <class Op, bool kBwd>
@@ -509,34 +656,12 @@ void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
                    (p.out == nullptr || aligned(p.out, p.mode == ScaleMode::kPlain ? 16 : 8));
   const int64_t chunks_per_row = p.cols / kVec;
   const int64_t n_chunks = p.rows * chunks_per_row;
-  constexpr bool kTab = Op::Fn::kTabulate;
-  constexpr size_t kLutBytes = LutPlan<Op, kBwd>::kBytes;
-  if (vec && p.out_t == nullptr && p.dbias_partial == nullptr && n_chunks <= int64_t(UINT32_MAX) - kThreads * 4) {
-    // kU chunks per thread keep 64+ bytes in flight per thread; a tensor too small to fill the GPU that way
-    // gets one chunk per thread and four times the blocks.
-    constexpr int kU = RowwiseUnroll<Op, kBwd>::value;
-    const int sms = device_sm_count();
-    const int units = n_chunks < int64_t(kThreads) * kU * 2 * (sms > 0 ? sms : 132) ? 1 : kU;
-    const int64_t per_block = int64_t(kThreads) * units;
-    // An empty tensor still launches one block so that scale_inv is written (SPEC §4.10).
-    const int64_t blocks = n_chunks < 1 ? 1 : (n_chunks + per_block - 1) / per_block;
-    const unsigned cpr = unsigned(chunks_per_row), nc = unsigned(n_chunks);
+  const bool has_out = p.out != nullptr || p.mode == ScaleMode::kAmaxOnly || n_chunks == 0;
+  if (vec && has_out && p.out_t == nullptr && p.dbias_partial == nullptr && n_chunks < (int64_t(1) << 31)) {
     TE_SWITCH_IN_DTYPE(in_dtype, T, {
-      bool done = false;
-      if constexpr (kTab && std::is_same<T, bf16_t>::value) {
-        // Tables pay off when each resident block walks several steps after filling them.
-        auto kernel = act_rowwise_kernel<Op, kBwd, T, true>;
-        int per_sm = 0;
-        if (kLutBytes > 48 * 1024)
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kLutBytes));
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, kLutBytes);
-        const int64_t resident = int64_t(per_sm) * sms;
-        if (units == kU && resident > 0 && blocks >= 4 * resident) {
-          launch_with_smem(kernel, dim3(unsigned(resident)), kLutBytes, stream, p, cpr, nc, units);
-          done = true;
-        }
-      }
-      if (!done) act_rowwise_kernel<Op, kBwd, T, false><<<unsigned(blocks), kThreads, 0, stream>>>(p, cpr, nc, units);
+      TE_SWITCH_OUT_KIND(p.mode, K, {
+        launch_rowwise<Op, kBwd, T, K>(p, uint32_t(chunks_per_row), uint32_t(n_chunks), stream);
+      });
     });
     check_launch("activation kernel (rowwise)");
     return;
@@ -545,20 +670,9 @@ void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
   // dbias exists for unary backward ops and the plain cast (bgrad_quantize).
   constexpr bool kHasDbias = !Op::kGated && (kBwd || std::is_same<typename Op::Fn, Identity>::value);
   if constexpr (kHasDbias) {
-    if (vec && p.out_t == nullptr && p.dbias_partial != nullptr && aligned(p.dbias_partial, 16)) {
-      const int64_t strips = (p.cols + kActStripCols - 1) / kActStripCols;
-      const int64_t gy = std::min<int64_t>(act_dbias_blocks(p.rows, p.cols), 65535);
-      const dim3 grid(unsigned(strips < 1 ? 1 : strips), unsigned(gy));
+    if (vec && has_out && p.out_t == nullptr && p.dbias_partial != nullptr && aligned(p.dbias_partial, 16)) {
       TE_SWITCH_IN_DTYPE(in_dtype, T, {
-        if constexpr (kTab && std::is_same<T, bf16_t>::value) {
-          if (dbias_rows >= 64) {
-            launch_with_smem(act_strip_kernel<Op, kBwd, T, true>, grid, kLutBytes, stream, p, dbias_rows);
-          } else {
-            act_strip_kernel<Op, kBwd, T, false><<<grid, kThreads, 0, stream>>>(p, dbias_rows);
-          }
-        } else {
-          act_strip_kernel<Op, kBwd, T, false><<<grid, kThreads, 0, stream>>>(p, dbias_rows);
-        }
+        TE_SWITCH_OUT_KIND(p.mode, K, { launch_strip<Op, kBwd, T, K>(p, dbias_rows, stream); });
       });
       check_launch("activation kernel (dbias strips)");
       return;
