@@ -60,7 +60,6 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-
 // Eight values -> eight FP8 codes (little-endian in two words). kRound: current scaling rounds each value to the
 // input dtype first (fp8_scaled_value's rule with the mode fixed at compile time).
 template <typename InT, bool kRound, bool kE4m3>
@@ -302,14 +301,13 @@ __device__ __forceinline__ void emit8(const float (&v)[kVec], void* out, int64_t
   }
 }
 
-// The scale an FP8 kind multiplies by, and scale_inv written once per launch (by block 0).
+// The scale an FP8 kind multiplies by (mode_scale's rule; p.mode is the kind), and scale_inv written once per
+// launch (by block 0).
 template <OutKind kOut> __device__ __forceinline__ float kind_scale(const ActKernelParams& p) {
   if constexpr (!OutTraits<kOut>::kFp8) {
     return 1.0f;
   } else {
-    const float s = kOut == OutKind::kDelayed
-                        ? *p.scale
-                        : current_scale(*p.amax, fp8_max(p.e4m3), p.amax_epsilon, p.force_pow2);
+    const float s = mode_scale(p);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *p.scale_inv = 1.0f / s;
     return s;
   }
@@ -407,9 +405,10 @@ __device__ __forceinline__ void eval8(const Vec8<InT>& va, const Vec8<InT>& vb, 
 // n / d by a multiply (round-up method): m = ceil(2^(32+l) / d) with l = ceil(log2 d), split into its low word and
 // its 33rd bit; exact for n < 2^31.
 struct FastDiv {
-  uint32_t d = 1, m_lo = 0, m_hi = 1, l = 0;
+  uint32_t m_lo = 0, m_hi = 1, l = 0;
   FastDiv() = default;
-  explicit FastDiv(uint32_t div) : d(div < 1 ? 1 : div) {
+  explicit FastDiv(uint32_t div) {
+    const uint64_t d = div < 1 ? 1 : div;
     while ((uint64_t(1) << l) < d) ++l;
     const uint64_t m = ((uint64_t(1) << (32 + l)) + d - 1) / d;
     m_lo = uint32_t(m);
@@ -581,6 +580,12 @@ inline int device_sm_count() {
   return n;
 }
 
+// Grid sizing needs a count even when the query fails: then that of an H100/H200.
+inline int device_sm_count_or_default() {
+  const int n = device_sm_count();
+  return n > 0 ? n : 132;
+}
+
 // TE_FORCE_TABLES=1 makes every bf16 launch of a tabulated functor use the tables, whatever its size (tests use it
 // to cover all 65536 inputs with small tensors).
 inline bool force_tables() {
@@ -603,7 +608,7 @@ template <auto kernel> int resident_per_sm(int threads, size_t smem) {
 template <class Op, bool kBwd, typename T, OutKind kOut>
 void launch_rowwise(const ActKernelParams& p, uint32_t cpr, uint32_t n_chunks, cudaStream_t stream) {
   constexpr int kU = RowwiseUnroll<Op, kBwd, T>::value;
-  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+  const int sms = device_sm_count_or_default();
   RowwiseGeom geo;
   geo.n_chunks = n_chunks;
   geo.cpr = cpr;
@@ -629,7 +634,7 @@ void launch_rowwise(const ActKernelParams& p, uint32_t cpr, uint32_t n_chunks, c
 
 template <class Op, bool kBwd, typename T, OutKind kOut>
 void launch_strip(const ActKernelParams& p, int64_t dbias_rows, cudaStream_t stream) {
-  const int sms = device_sm_count() > 0 ? device_sm_count() : 132;
+  const int sms = device_sm_count_or_default();
   const int64_t strips = std::max<int64_t>(1, (p.cols + kActStripCols - 1) / kActStripCols);
   const int64_t items = strips * act_dbias_blocks(p.rows, p.cols);
   if constexpr (Op::Fn::kTabulate && std::is_same<T, bf16_t>::value) {
