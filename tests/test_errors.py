@@ -169,6 +169,15 @@ def test_unknown_quantizer_lookalike_class():
         tex.gelu(uniform((4, 8)), Fake())
 
 
+def test_ops_raise_type_error_for_dtypes():
+    """The ops themselves, not only the Python wrappers, raise TypeError for a wrong dtype (SPEC §1.5)."""
+    tex_module()
+    with pytest.raises(TypeError, match=r"float32, float16 or bfloat16"):
+        torch.ops.te.act.default(torch.ones(4, 8, dtype=torch.int32), 0, 7.0, 1.702, 1.0)
+    with pytest.raises(TypeError, match=r"grad dtype"):
+        torch.ops.te.dact.default(uniform((4, 8), torch.bfloat16), uniform((4, 8)), 0, 7.0, 1.702, 1.0)
+
+
 def test_quantize_with_none_quantizer():
     tex = tex_module()
     with pytest.raises(ANY, match=r"(?i)quantizer|None"):

@@ -1,6 +1,7 @@
-"""Fake (meta) kernels and autograd for the `te` ops. Schemas are defined once, in C++
-(csrc/torch/registration.cpp); this file never restates them. Fake kernels return the real shapes, dtypes
-and strides (all contiguous) so torch.compile traces without running anything."""
+"""Fake (meta) kernels for the `te` ops. Schemas are defined once, in C++ (csrc/torch/registration.cpp); this
+file never restates them. Fake kernels return the real shapes, dtypes and strides (all contiguous) so
+torch.compile traces without running anything. The autograd of `te::act` is registered in C++
+(csrc/torch/activation_autograd.cpp), where a call that needs no graph costs no Python."""
 from __future__ import annotations
 
 import torch
@@ -107,18 +108,3 @@ def _fp8_transpose_fake(x):
 @torch.library.register_fake("te::fp8_transpose_into")
 def _fp8_transpose_into_fake(x, out):
     return None
-
-
-# ---- autograd: plain activations differentiate through the matching d* op ----------------------------------
-def _act_setup(ctx, inputs, output):
-    x, act, limit, alpha, offset = inputs
-    ctx.save_for_backward(x)
-    ctx.act_args = (act, limit, alpha, offset)
-
-
-def _act_backward(ctx, grad):
-    (x,) = ctx.saved_tensors
-    return torch.ops.te.dact(grad.contiguous(), x, *ctx.act_args), None, None, None, None
-
-
-torch.library.register_autograd("te::act", _act_backward, setup_context=_act_setup)

@@ -1,5 +1,6 @@
 // The `te` operator library: every op's schema, defined once (SPEC §1.4). CPU and CUDA kernels are registered
-// next to their implementations; fake kernels and autograd live in transformer_engine_torch/_ops.py.
+// next to their implementations, the autograd of `act` in activation_autograd.cpp; fake kernels live in
+// transformer_engine_torch/_ops.py.
 #include <Python.h>
 
 #include "bridge.h"
