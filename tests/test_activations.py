@@ -1,6 +1,7 @@
 """Activations (SPEC §3) with plain outputs: every forward and derivative against the float64
 reference, gated layout, clamped SwiGLU semantics, exact values, dbias variants, autograd."""
 import math
+import sys
 
 import pytest
 import torch
@@ -303,6 +304,38 @@ def test_autograd_matches_dop(name, dtype):
     expect = call_dact(name, g, x0, None, **params)
     assert x.grad is not None and x.grad.dtype == dtype
     assert ref.bits_equal(x.grad, expect)
+
+
+def test_no_graph_without_grad():
+    """No graph is built where no gradient is wanted: no_grad, inference_mode, or an input without
+    requires_grad; the values are those of the differentiable call."""
+    tex = tex_module()
+    x = uniform((6, 20)).requires_grad_()
+    expect = tex.gelu(x, None)
+    assert expect.grad_fn is not None
+    with torch.no_grad():
+        y = tex.gelu(x, None)
+    assert y.grad_fn is None and not y.requires_grad and ref.bits_equal(y, expect.detach())
+    with torch.inference_mode():
+        y = tex.gelu(x.detach(), None)
+    assert y.is_inference() and ref.bits_equal(y, expect.detach())
+    y = tex.gelu(x.detach(), None)
+    assert y.grad_fn is None and ref.bits_equal(y, expect.detach())
+
+
+def test_plain_call_runs_no_python_autograd_kernel():
+    """The autograd of te::act is a C++ kernel: a call goes through no Python autograd machinery (a
+    torch.library.register_autograd kernel would be, and costs about as much host time as the op itself)."""
+    tex = tex_module()
+    x = uniform((4, 8))
+    for requires_grad in (False, True):
+        files = set()
+        sys.setprofile(lambda frame, event, arg: files.add(frame.f_code.co_filename) if event == "call" else None)
+        try:
+            tex.gelu(x.clone().requires_grad_(requires_grad), None)
+        finally:
+            sys.setprofile(None)
+        assert not [f for f in files if "_library" in f or "autograd" in f], sorted(files)
 
 
 @pytest.mark.parametrize("name", ["gelu", "swiglu"])

@@ -169,6 +169,36 @@ def test_unknown_quantizer_lookalike_class():
         tex.gelu(uniform((4, 8)), Fake())
 
 
+@pytest.mark.parametrize("kind", ["delayed", "current"])
+def test_quantizer_without_usage(kind):
+    """Neither rowwise nor columnwise usage: ValueError from every path, and an `output` passed in keeps its
+    buffers."""
+    tex = tex_module()
+    x = uniform((4, 8))
+    if kind == "delayed":
+        q = delayed_quantizer(1.0, "e4m3", rowwise=False, columnwise=False)[0]
+    else:
+        q = current_quantizer("e4m3", rowwise=False, columnwise=False)
+    for call in (lambda: tex.quantize(x, q), lambda: tex.gelu(x, q), lambda: tex.dgelu(x, x, q),
+                 lambda: tex.bgrad_quantize(x, q), lambda: tex.dbias_dgelu(x, x, q)):
+        with pytest.raises(ValueError, match=r"(?i)neither rowwise nor columnwise"):
+            call()
+    out = tex.quantize(x, current_quantizer("e4m3"))
+    data, transpose = out._data, out._transpose
+    with pytest.raises(ValueError, match=r"(?i)neither rowwise nor columnwise"):
+        tex.quantize(x, q, output=out)
+    assert out._data is data and out._transpose is transpose
+
+
+def test_ops_raise_type_error_for_dtypes():
+    """The ops themselves, not only the Python wrappers, raise TypeError for a wrong dtype (SPEC §1.5)."""
+    tex_module()
+    with pytest.raises(TypeError, match=r"float32, float16 or bfloat16"):
+        torch.ops.te.act.default(torch.ones(4, 8, dtype=torch.int32), 0, 7.0, 1.702, 1.0)
+    with pytest.raises(TypeError, match=r"grad dtype"):
+        torch.ops.te.dact.default(uniform((4, 8), torch.bfloat16), uniform((4, 8)), 0, 7.0, 1.702, 1.0)
+
+
 def test_quantize_with_none_quantizer():
     tex = tex_module()
     with pytest.raises(ANY, match=r"(?i)quantizer|None"):

@@ -349,6 +349,48 @@ def test_rowwise_only_and_columnwise_only(kind):
         assert ref.bits_equal(qt.dequantize(), ref.dequantize_ref(r.codes, r.scale_inv, "e5m2", torch.bfloat16))
 
 
+def test_quantizer_attributes_changed_after_construction_apply():
+    """The spec that crosses into C++ is rebuilt from the quantizer's attributes at every call, and leaves out
+    only fields at their schema defaults: set_usage, force_pow_2_scales and amax_epsilon set on an existing
+    quantizer take effect, and setting them back does too."""
+    tex = tex_module()
+    x = wide_random((24, 40), torch.bfloat16)
+    q = current_quantizer("e4m3")
+    previous_scaling = None
+    for change, rowwise, columnwise, pow2, eps in [
+            (lambda: None, True, True, False, 0.0),
+            (lambda: q.set_usage(columnwise=False), True, False, False, 0.0),
+            (lambda: setattr(q, "force_pow_2_scales", True), True, False, True, 0.0),
+            (lambda: setattr(q, "amax_epsilon", 1e6), True, False, True, 1e6),
+            (lambda: (setattr(q, "force_pow_2_scales", False), setattr(q, "amax_epsilon", 0.0),
+                      q.set_usage(rowwise=False, columnwise=True)), False, True, False, 0.0)]:
+        change()
+        r = ref.quantize_current_ref(x, "e4m3", pow2=pow2, eps=eps)
+        # The result the quantizer's previous scaling settings would give, where this step changed them.
+        stale = None
+        if previous_scaling not in (None, (pow2, eps)):
+            stale = ref.quantize_current_ref(x, "e4m3", pow2=previous_scaling[0], eps=previous_scaling[1])
+        msg = f"rowwise={rowwise} columnwise={columnwise} pow2={pow2} eps={eps}"
+        check_quantized(tex.quantize(x, q), r, x, "e4m3", msg, wrong=stale, rowwise=rowwise, columnwise=columnwise)
+        check_float8_tensor(tex.gelu(x, q), x.shape, x.dtype, "e4m3", rowwise, columnwise)
+        previous_scaling = (pow2, eps)
+
+
+def test_op_result_has_the_fields_of_a_constructed_tensor():
+    """Quantizing ops build their Float8Tensor without the public constructor (Float8Tensor._from_op); it must
+    hold the same fields with the same values."""
+    tex = tex_module()
+    x = uniform((6, 16), torch.bfloat16)
+    for rowwise, columnwise in [(True, False), (False, True), (True, True)]:
+        q = current_quantizer("e5m2", rowwise=rowwise, columnwise=columnwise)
+        made = tex.quantize(x, q)
+        built = tex.Float8Tensor(shape=x.shape, dtype=x.dtype, data=made._data, fp8_scale_inv=made._scale_inv,
+                                 fp8_dtype=q.dtype, data_transpose=made._transpose, quantizer=q)
+        assert vars(made).keys() == vars(built).keys()
+        for k, v in vars(built).items():
+            assert type(vars(made)[k]) is type(v) and (vars(made)[k] is v or vars(made)[k] == v), k
+
+
 def test_fp8_dtype_spellings_equivalent():
     tex = tex_module()
     x = wide_random((16, 16), torch.float32)

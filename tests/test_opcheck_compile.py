@@ -47,6 +47,12 @@ def _cases(device):
         cases.append(("act_quantize", (xx, code, 7.0, 1.702, 1.0) + cs(E5M2, pow2=True), f"act_quantize-{name}-current"))
         cases.append(("dact_quantize", (gg, xx, code, 7.0, 1.702, 1.0) + dl(E5M2), f"dact_quantize-{name}-delayed"))
         cases.append(("dact_quantize", (gg, xx, code, 7.0, 1.702, 1.0) + cs(), f"dact_quantize-{name}-current"))
+    # Trailing arguments left at their schema defaults, as the wrappers pass them.
+    cases.append(("act", (x, 0), "act-defaults"))
+    cases.append(("act", (x.clone().requires_grad_(), 3), "act-defaults-grad"))
+    cases.append(("dact", (g_un, x, 0), "dact-defaults"))
+    cases.append(("act_quantize", (xb, 0, 7.0, 1.702, 1.0, QK_CURRENT, E4M3, True, False), "act_quantize-spec-defaults"))
+    cases.append(("quantize", (x, QK_CURRENT, E5M2, True, True), "quantize-spec-defaults"))
     cases.append(("act_quantize", (x, 0, 7.0, 1.702, 1.0) + cs(rowwise=False), "act_quantize-colonly"))
     cases.append(("act_quantize", (x, 0, 7.0, 1.702, 1.0) + dl(noop=torch.zeros(1, device=device)), "act_quantize-noop"))
     cases.append(("dbias_dact", (g_un, x, 0) + dl(), "dbias_dact-gelu-delayed"))
@@ -82,7 +88,8 @@ def _case_ids():
     for name in ["gelu", "swiglu", "clamped_swiglu", "srelu"]:
         names += [f"act-{name}", f"act-{name}-grad", f"dact-{name}", f"act_quantize-{name}-delayed",
                   f"act_quantize-{name}-current", f"dact_quantize-{name}-delayed", f"dact_quantize-{name}-current"]
-    names += ["act_quantize-colonly", "act_quantize-noop", "dbias_dact-gelu-delayed", "dbias_dact-silu-current",
+    names += ["act-defaults", "act-defaults-grad", "dact-defaults", "act_quantize-spec-defaults",
+              "quantize-spec-defaults", "act_quantize-colonly", "act_quantize-noop", "dbias_dact-gelu-delayed", "dbias_dact-silu-current",
               "quantize-delayed", "quantize-current", "quantize-noncontig", "bgrad_quantize-delayed",
               "bgrad_quantize-current", "quantize_into-delayed", "quantize_into-current", "dequantize_fp8-e4m3",
               "dequantize_fp8-e5m2", "compute_amax", "amax_update-nobuf", "amax_update-buf", "fp8_transpose",

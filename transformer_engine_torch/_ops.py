@@ -1,6 +1,8 @@
-"""Fake (meta) kernels and autograd for the `te` ops. Schemas are defined once, in C++
-(csrc/torch/registration.cpp); this file never restates them. Fake kernels return the real shapes, dtypes
-and strides (all contiguous) so torch.compile traces without running anything."""
+"""Fake (meta) kernels for the `te` ops. Schemas are defined once, in C++ (csrc/torch/registration.cpp); this
+file never restates them. Fake kernels return the real shapes, dtypes and strides (all contiguous) so
+torch.compile traces without running anything. Trailing arguments at their schema defaults are not passed to
+these kernels, so each takes the arguments it does not read as `*rest`. The autograd of `te::act` is
+registered in C++ (csrc/torch/activation_autograd.cpp), where a call that needs no graph costs no Python."""
 from __future__ import annotations
 
 import torch
@@ -30,24 +32,22 @@ def _quant_outputs(x, shape, qkind, rowwise, columnwise):
 
 
 @torch.library.register_fake("te::act")
-def _act_fake(x, act, limit, alpha, offset):
+def _act_fake(x, act, *rest):
     return x.new_empty(_fwd_shape(x, act))
 
 
 @torch.library.register_fake("te::dact")
-def _dact_fake(grad, x, act, limit, alpha, offset):
+def _dact_fake(grad, x, act, *rest):
     return x.new_empty(x.shape)
 
 
 @torch.library.register_fake("te::act_quantize")
-def _act_quantize_fake(x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon,
-                       block_dim, scale, amax, noop):
+def _act_quantize_fake(x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, *rest):
     return _quant_outputs(x, _fwd_shape(x, act), qkind, rowwise, columnwise)
 
 
 @torch.library.register_fake("te::dact_quantize")
-def _dact_quantize_fake(grad, x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, qflags,
-                        amax_epsilon, block_dim, scale, amax, noop):
+def _dact_quantize_fake(grad, x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, *rest):
     return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
 
 
@@ -56,25 +56,22 @@ def _dbias(x, shape):
 
 
 @torch.library.register_fake("te::dbias_dact")
-def _dbias_dact_fake(grad, x, act, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale,
-                     amax, noop):
+def _dbias_dact_fake(grad, x, act, qkind, qdtype, rowwise, columnwise, *rest):
     return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
 
 
 @torch.library.register_fake("te::quantize")
-def _quantize_fake(x, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax, noop):
+def _quantize_fake(x, qkind, qdtype, rowwise, columnwise, *rest):
     return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
 
 
 @torch.library.register_fake("te::bgrad_quantize")
-def _bgrad_quantize_fake(x, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax,
-                         noop):
+def _bgrad_quantize_fake(x, qkind, qdtype, rowwise, columnwise, *rest):
     return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
 
 
 @torch.library.register_fake("te::quantize_into")
-def _quantize_into_fake(x, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax,
-                        noop, row_data, row_scale_inv, col_data, col_scale_inv):
+def _quantize_into_fake(x, *rest, **buffers):
     return None
 
 
@@ -107,18 +104,3 @@ def _fp8_transpose_fake(x):
 @torch.library.register_fake("te::fp8_transpose_into")
 def _fp8_transpose_into_fake(x, out):
     return None
-
-
-# ---- autograd: plain activations differentiate through the matching d* op ----------------------------------
-def _act_setup(ctx, inputs, output):
-    x, act, limit, alpha, offset = inputs
-    ctx.save_for_backward(x)
-    ctx.act_args = (act, limit, alpha, offset)
-
-
-def _act_backward(ctx, grad):
-    (x,) = ctx.saved_tensors
-    return torch.ops.te.dact(grad.contiguous(), x, *ctx.act_args), None, None, None, None
-
-
-torch.library.register_autograd("te::act", _act_backward, setup_context=_act_setup)

@@ -13,73 +13,81 @@ from .quantizers import NO_QUANTIZER_SPEC, Float8CurrentScalingQuantizer, check_
 
 # TE's activation enum (SPEC §1.4).
 GELU, GEGLU, GLU, SILU, SWIGLU, RELU, REGLU, QGELU, QGEGLU, SRELU, SREGLU, CLAMPED_SWIGLU = range(12)
-_GATED = {GEGLU, GLU, SWIGLU, REGLU, QGEGLU, SREGLU, CLAMPED_SWIGLU}
+# limit, alpha, offset: clamped SwiGLU's defaults, also the schema defaults of act/dact (registration.cpp).
 _DEFAULT_ARGS = (7.0, 1.702, 1.0)
 
+# The ops, looked up once: `torch.ops.te.<name>.default` is three attribute lookups on every call otherwise.
+_ACT = torch.ops.te.act.default
+_DACT = torch.ops.te.dact.default
+_ACT_QUANTIZE = torch.ops.te.act_quantize.default
+_DACT_QUANTIZE = torch.ops.te.dact_quantize.default
+_DBIAS_DACT = torch.ops.te.dbias_dact.default
 
-def _check_input(op: str, name: str, t):
+
+# Dtype checks stay here although C++ repeats them: here the message names the function the user called
+# (`dgelu`), there only the op (`dact`).
+def _check_input(op: str, name: str, t) -> torch.dtype:
+    """Returns t's dtype: reading `Tensor.dtype` is not free, the callers need it again."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: {name} must be float32, float16 or bfloat16, got {t.dtype} with shape "
+    dtype = t.dtype
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{op}: {name} must be float32, float16 or bfloat16, got {dtype} with shape "
                         f"{tuple(t.shape)} on {t.device}")
+    return dtype
 
 
-def _check_grad(op: str, grad, x):
-    if grad.dtype != x.dtype:
-        raise TypeError(f"{op}: grad dtype {grad.dtype} must match the forward input dtype {x.dtype}")
+def _check_backward_inputs(op: str, grad, x) -> torch.dtype:
+    """Checks grad and the forward input of a backward function; returns their dtype."""
+    grad_dtype = _check_input(op, "grad", grad)
+    dtype = _check_input(op, "fwd_input", x)
+    if grad_dtype != dtype:
+        raise TypeError(f"{op}: grad dtype {grad_dtype} must match the forward input dtype {dtype}")
+    return dtype
 
 
-def _forward_shape(code: int, shape):
-    shape = tuple(shape)
-    if code in _GATED and len(shape):
-        return shape[:-1] + (shape[-1] // 2,)
-    return shape
+def _reduces_amax(quantizer) -> bool:
+    """Current scaling with an amax all-reduce cannot fuse: the activation runs unquantized, then the cast."""
+    return isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction
 
 
 def _activation(op: str, code: int, x, quantizer, args=_DEFAULT_ARGS):
-    _check_input(op, "input", x)
-    check_quantizer(op, quantizer)
+    dtype = _check_input(op, "input", x)
     if quantizer is None:
-        return torch.ops.te.act.default(x, code, *args)
-    if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
-        # Unfused: the activation in the input dtype, then the reduced-amax cast of it.
+        # Default parameters are left to the schema: each argument passed costs host time (Quantizer._spec).
+        return _ACT(x, code) if args is _DEFAULT_ARGS else _ACT(x, code, *args)
+    check_quantizer(op, quantizer)
+    if _reduces_amax(quantizer):
         from .cast import quantize
 
-        return quantize(torch.ops.te.act.default(x, code, *args), quantizer)
-    outs = torch.ops.te.act_quantize.default(x, code, *args, *quantizer._spec())
-    return quantizer._wrap(outs, _forward_shape(code, x.shape), x.dtype)
+        return quantize(_ACT(x, code, *args), quantizer)
+    return quantizer._wrap(_ACT_QUANTIZE(x, code, *args, *quantizer._spec()), dtype)
 
 
 def _dactivation(op: str, code: int, grad, x, quantizer, args=_DEFAULT_ARGS):
-    _check_input(op, "grad", grad)
-    _check_input(op, "fwd_input", x)
-    _check_grad(op, grad, x)
-    check_quantizer(op, quantizer)
+    dtype = _check_backward_inputs(op, grad, x)
     if quantizer is None:
-        return torch.ops.te.dact.default(grad, x, code, *args)
-    if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
+        return _DACT(grad, x, code) if args is _DEFAULT_ARGS else _DACT(grad, x, code, *args)
+    check_quantizer(op, quantizer)
+    if _reduces_amax(quantizer):
         from .cast import quantize
 
-        return quantize(torch.ops.te.dact.default(grad, x, code, *args), quantizer)
-    outs = torch.ops.te.dact_quantize.default(grad, x, code, *args, *quantizer._spec())
-    return quantizer._wrap(outs, tuple(x.shape), x.dtype)
+        return quantize(_DACT(grad, x, code, *args), quantizer)
+    return quantizer._wrap(_DACT_QUANTIZE(grad, x, code, *args, *quantizer._spec()), dtype)
 
 
 def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
-    _check_input(op, "grad", grad)
-    _check_input(op, "fwd_input", x)
-    _check_grad(op, grad, x)
+    dtype = _check_backward_inputs(op, grad, x)
     check_quantizer(op, quantizer)
-    if isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction:
+    if _reduces_amax(quantizer):
         from .cast import bgrad_quantize
 
-        return bgrad_quantize(torch.ops.te.dact.default(grad, x, code, *_DEFAULT_ARGS), quantizer)
+        return bgrad_quantize(_DACT(grad, x, code, *_DEFAULT_ARGS), quantizer)
     spec = NO_QUANTIZER_SPEC if quantizer is None else quantizer._spec()
-    outs = torch.ops.te.dbias_dact.default(grad, x, code, *spec)
+    outs = _DBIAS_DACT(grad, x, code, *spec)
     if quantizer is None:
         return outs[0], outs[1]
-    return outs[0], quantizer._wrap(outs[1:], tuple(x.shape), x.dtype)
+    return outs[0], quantizer._wrap(outs[1:], dtype)
 
 
 def _make_forward(name: str, code: int):

@@ -7,6 +7,10 @@ from .dtypes import FLOAT_DTYPES, as_fp8_dtype, to_torch_dtype
 from .quantizers import Float8CurrentScalingQuantizer, check_quantizer
 from .tensors import Float8Tensor, QuantizedTensor, _transposed_shape
 
+# Looked up once rather than through three attribute lookups per call.
+_QUANTIZE = torch.ops.te.quantize.default
+_BGRAD_QUANTIZE = torch.ops.te.bgrad_quantize.default
+
 
 def _check_tensor(op, name, t, float_only=False):
     if not isinstance(t, torch.Tensor):
@@ -33,10 +37,11 @@ def quantize(tensor, quantizer, output=None, noop=None):
     if quantizer is None:
         raise ValueError("quantize: quantizer is None; use the tensor as it is")
     check_quantizer("quantize", quantizer, allow_none=False)
-    quantizer._check_usage("quantize")
     if output is None and noop is None:
-        outs = torch.ops.te.quantize.default(tensor, *_spec_for(tensor, quantizer))
-        return quantizer._wrap(outs, tuple(tensor.shape), tensor.dtype)
+        # A quantizer with neither usage is refused by the op (ValueError) before anything is allocated.
+        return quantizer._wrap(_QUANTIZE(tensor, *_spec_for(tensor, quantizer)), tensor.dtype)
+    # Checked here, before `output` loses the buffers this quantizer does not want.
+    quantizer._check_usage("quantize")
     if output is None:
         output = quantizer.make_empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
     if not isinstance(output, Float8Tensor):
@@ -58,8 +63,9 @@ def quantize(tensor, quantizer, output=None, noop=None):
     if output._scale_inv is None:
         output._scale_inv = torch.empty(1, dtype=torch.float32, device=tensor.device)
     output._fp8_dtype = quantizer.dtype
-    torch.ops.te.quantize_into.default(tensor, *_spec_for(tensor, quantizer, noop), output._data, output._scale_inv,
-                               output._transpose, None)
+    # The buffers by name: the spec before them may stop short of its last field (Quantizer._spec).
+    torch.ops.te.quantize_into.default(tensor, *_spec_for(tensor, quantizer, noop), row_data=output._data,
+                                       row_scale_inv=output._scale_inv, col_data=output._transpose)
     return output
 
 
@@ -77,8 +83,8 @@ def bgrad_quantize(input, quantizer):
     if quantizer is None:
         k = input.shape[-1] if input.dim() else 1
         return input.reshape(-1, k).float().sum(0).to(input.dtype), input
-    outs = torch.ops.te.bgrad_quantize.default(input, *_spec_for(input, quantizer))
-    return outs[0], quantizer._wrap(outs[1:], tuple(input.shape), input.dtype)
+    outs = _BGRAD_QUANTIZE(input, *_spec_for(input, quantizer))
+    return outs[0], quantizer._wrap(outs[1:], input.dtype)
 
 
 def compute_amax(input, amax):

@@ -8,15 +8,15 @@ import warnings
 import torch
 
 from .dtypes import DType, as_fp8_dtype
-from .tensors import Float8Tensor, _transposed_shape
+from .tensors import Float8Tensor, _transposed_shape, _untransposed_shape
 
 # Quantizer kinds of the spec (SPEC §1.4; numbering internal).
 QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8, QKIND_NVFP4, QKIND_FP8_BLOCK = range(6)
 # qflags bits.
 QFLAG_POW2 = 1 << 0
 
-# Spec of "no quantizer": plain output.
-NO_QUANTIZER_SPEC = (QKIND_NONE, int(DType.kFloat8E4M3), True, True, 0, 0.0, 1, None, None, None)
+# Spec of "no quantizer": plain output (the fields left out are at their schema defaults, see Quantizer._spec).
+NO_QUANTIZER_SPEC = (QKIND_NONE, int(DType.kFloat8E4M3), True, True)
 
 
 class Quantizer:
@@ -63,10 +63,14 @@ class Quantizer:
 
     # ---- op boundary -----------------------------------------------------------------------------------
     def _spec(self, noop=None) -> tuple:
-        """(qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax, noop)."""
+        """(qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax, noop), passed
+        positionally. Trailing fields at their schema defaults (registration.cpp: 0, 0.0, 1, None, None, None)
+        are left out: torch's Python binding spends host time on every argument passed (registration.cpp)."""
         raise NotImplementedError
 
-    def _wrap(self, outs, shape, dtype):
+    def _wrap(self, outs, dtype):
+        """The quantized tensor of nominal `dtype` made of an op's six pieces (SPEC §1.4); its shape is read off
+        the pieces."""
         raise NotImplementedError
 
     def _check_usage(self, op):
@@ -88,11 +92,12 @@ class _Float8PerTensorQuantizer(Quantizer):
 
     dtype: DType
 
-    def _wrap(self, outs, shape, dtype):
+    def _wrap(self, outs, dtype):
         # The tensor refers to the quantizer that made it (as TE's tensors do), no per-call copy.
-        return Float8Tensor(shape=shape, dtype=dtype, data=outs[0] if self.rowwise_usage else None,
-                            fp8_scale_inv=outs[1], fp8_dtype=self.dtype,
-                            data_transpose=outs[2] if self.columnwise_usage else None, quantizer=self)
+        data = outs[0] if self.rowwise_usage else None
+        transpose = outs[2] if self.columnwise_usage else None
+        shape = data.shape if data is not None else torch.Size(_untransposed_shape(transpose.shape))
+        return Float8Tensor._from_op(shape, dtype, data, outs[1], transpose, self.dtype, self)
 
     def make_empty(self, shape, dtype=torch.float32, device=None, requires_grad=False, pin_memory=False):
         shape = torch.Size(shape)
@@ -127,8 +132,9 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
                                columnwise=self.columnwise_usage)
 
     def _spec(self, noop=None):
-        return (QKIND_FP8_DELAYED, int(self.dtype), self.rowwise_usage, self.columnwise_usage, 0, 0.0, 1,
-                self.scale, self.amax, noop)
+        spec = (QKIND_FP8_DELAYED, int(self.dtype), self.rowwise_usage, self.columnwise_usage, 0, 0.0, 1,
+                self.scale, self.amax)
+        return spec if noop is None else spec + (noop,)
 
     def _initial_scale_inv(self, device):
         return torch.reciprocal(self.scale.detach().to(device=device, dtype=torch.float32).reshape(1))
@@ -168,9 +174,11 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
             force_pow_2_scales=self.force_pow_2_scales, amax_epsilon=self.amax_epsilon)
 
     def _spec(self, noop=None, amax=None):
+        head = (QKIND_FP8_CURRENT, int(self.dtype), self.rowwise_usage, self.columnwise_usage)
+        if noop is None and amax is None and not self.force_pow_2_scales and self.amax_epsilon == 0.0:
+            return head
         flags = QFLAG_POW2 if self.force_pow_2_scales else 0
-        return (QKIND_FP8_CURRENT, int(self.dtype), self.rowwise_usage, self.columnwise_usage, flags,
-                self.amax_epsilon, 1, None, amax, noop)
+        return head + (flags, self.amax_epsilon, 1, None, amax, noop)
 
     def _reduce_amax(self, amax: torch.Tensor):
         """MAX all-reduce of a locally computed amax over the quantizer's group (no host sync)."""

@@ -18,11 +18,19 @@ def _transposed_shape(shape):
     return shape if len(shape) == 0 else (shape[-1],) + shape[:-1]
 
 
+def _untransposed_shape(transposed):
+    """Inverse of `_transposed_shape`: the logical shape of a tensor from the shape of its transposed copy."""
+    transposed = tuple(transposed)
+    return transposed[1:] + transposed[:1]
+
+
 class QuantizedTensor:
     """Base of the quantized tensor classes: shape, nominal dtype, device and the quantizer that made it."""
 
     def __init__(self, shape, dtype, quantizer=None, requires_grad=False):
-        self._shape = torch.Size(shape)
+        # A torch.Size (what `Tensor.shape` gives; immutable) is kept as it is: copying one costs more than the rest
+        # of __init__.
+        self._shape = shape if type(shape) is torch.Size else torch.Size(shape)
         self._dtype = dtype
         self._quantizer = quantizer
         self.requires_grad = requires_grad
@@ -75,6 +83,17 @@ class Float8Tensor(QuantizedTensor):
         self._transpose_invalid = data_transpose is None
         self._scale_inv = fp8_scale_inv
         self._fp8_dtype = fp8_dtype if type(fp8_dtype) is DType and fp8_dtype in _FP8 else as_fp8_dtype(fp8_dtype)
+
+    @classmethod
+    def _from_op(cls, shape: torch.Size, dtype, data, scale_inv, transpose, fp8_dtype: DType, quantizer):
+        """The tensor of what a quantizing op returned: the same fields as `__init__`, without its keyword
+        parsing and normalisation, which cost about as much as the rest of a small op's Python wrapper. The
+        arguments are trusted (the op made the buffers, the quantizer checked its dtype)."""
+        t = object.__new__(cls)
+        t._shape, t._dtype, t._quantizer, t.requires_grad = shape, dtype, quantizer, False
+        t._data, t._transpose, t._transpose_invalid = data, transpose, transpose is None
+        t._scale_inv, t._fp8_dtype = scale_inv, fp8_dtype
+        return t
 
     @property
     def device(self) -> torch.device:

@@ -6,10 +6,30 @@
 namespace te_torch {
 namespace {
 
-// The six quantized pieces of SPEC §1.4, in the order the ops return them.
+using QOut = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+using QOutBias = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+// The six quantized pieces of SPEC §1.4, in the order the ops return them. A path leaves the pieces it does not
+// produce undefined, so that ops that return none of them (act, dact, quantize_into) allocate nothing for them.
 struct QuantOutputs {
   Tensor row_data, row_scale_inv, col_data, col_scale_inv, amax_row, amax_col;
-  std::vector<Tensor> list() const { return {row_data, row_scale_inv, col_data, col_scale_inv, amax_row, amax_col}; }
+
+  // The op's return value: each absent piece becomes its own 0-element tensor (outputs of an op may not share
+  // storage, so one empty tensor cannot stand for all of them), data pieces in `data_dtype`, the rest float32.
+  QOut returned(const Tensor& ref, at::ScalarType data_dtype) const {
+    const auto or_empty = [&ref](const Tensor& t, at::ScalarType dtype) {
+      return t.defined() ? t : at::empty({0}, ref.options().dtype(dtype));
+    };
+    return {or_empty(row_data, data_dtype), or_empty(row_scale_inv, at::kFloat), or_empty(col_data, data_dtype),
+            or_empty(col_scale_inv, at::kFloat), or_empty(amax_row, at::kFloat), or_empty(amax_col, at::kFloat)};
+  }
+};
+
+// What the activation helper produced: grad_bias (dbias ops only) and the quantized pieces; `out.row_data` is
+// the plain output when there is no quantizer.
+struct ActResult {
+  Tensor grad_bias;
+  QuantOutputs out;
 };
 
 struct ActRequest {
@@ -23,13 +43,15 @@ struct ActRequest {
 };
 
 // Flattened geometry of an activation request.
+// Shapes live in DimVectors (inline storage for up to 5 dims): no heap allocation for a typical tensor.
 struct ActGeometry {
-  std::vector<int64_t> out_shape;  // plain output shape
+  at::DimVector out_shape;  // plain output shape
   int64_t rows = 0, cols = 0, out_cols = 0;
-  std::vector<int64_t> transposed_shape() const {
-    if (out_shape.empty()) return {};
-    std::vector<int64_t> s{out_shape.back()};
-    s.insert(s.end(), out_shape.begin(), out_shape.end() - 1);
+  at::DimVector transposed_shape() const {
+    at::DimVector s;
+    if (out_shape.empty()) return s;
+    s.push_back(out_shape.back());
+    s.append(out_shape.begin(), out_shape.end() - 1);
     return s;
   }
 };
@@ -54,46 +76,41 @@ ActGeometry geometry(const ActRequest& r) {
   return g;
 }
 
-void check_request(const ActRequest& r) {
-  input_dtype(r.x, r.op, "input");
+// Checks the request and returns the input's core dtype.
+te::DType check_request(const ActRequest& r) {
+  const te::DType dt = input_dtype(r.x, r.op, "input");
   if (r.backward) {
     const Tensor& g = *r.grad;
-    TORCH_CHECK_VALUE(g.scalar_type() == r.x.scalar_type(), r.op, ": grad dtype ", dtype_name(g.scalar_type()),
+    TORCH_CHECK_TYPE(g.scalar_type() == r.x.scalar_type(), r.op, ": grad dtype ", dtype_name(g.scalar_type()),
                      " must match the forward input dtype ", dtype_name(r.x.scalar_type()));
     TORCH_CHECK_VALUE(g.device() == r.x.device(), r.op, ": grad is on ", g.device().str(),
                       " but the forward input is on ", r.x.device().str());
-    std::vector<int64_t> expect(r.x.sizes().begin(), r.x.sizes().end());
+    at::DimVector expect(r.x.sizes());
     if (te::act_is_gated(r.kind) && !expect.empty()) expect.back() /= 2;
-    TORCH_CHECK_VALUE(g.sizes().vec() == expect, r.op, ": grad has shape ", shape_str(g),
-                      " but the forward output for input ", shape_str(r.x), " has shape ",
-                      shape_str(expect));
+    TORCH_CHECK_VALUE(g.sizes() == c10::IntArrayRef(expect), r.op, ": grad has shape ", shape_str(g),
+                      " but the forward output for input ", shape_str(r.x), " has shape ", shape_str(expect));
   }
+  return dt;
 }
 
-void check_buffer(const Tensor& t, const std::vector<int64_t>& shape, at::ScalarType dtype, const Tensor& ref,
+void check_buffer(const Tensor& t, c10::IntArrayRef shape, at::ScalarType dtype, const Tensor& ref,
                   const char* op, const char* what) {
-  TORCH_CHECK_VALUE(t.scalar_type() == dtype && t.sizes().vec() == shape && t.is_contiguous() &&
+  TORCH_CHECK_VALUE(t.scalar_type() == dtype && t.sizes() == shape && t.is_contiguous() &&
                         t.device() == ref.device(),
                     op, ": output buffer ", what, " must be a contiguous ", dtype_name(dtype), " tensor of shape ",
                     shape_str(shape), " on ", ref.device().str(), ", got ", dtype_name(t.scalar_type()), " ",
                     shape_str(t), " on ", t.device().str());
 }
 
-Tensor empty_like_dev(const Tensor& ref, at::ScalarType dtype) { return at::empty({0}, ref.options().dtype(dtype)); }
-
 // Fills (or allocates) the per-tensor FP8 outputs and runs the FULLY_FUSED / FUSED_ACTIVATION_AMAX_FP8 kernels.
 void run_fp8_per_tensor(const ActRequest& r, const ActGeometry& geo, const QuantSpec& spec, te::DType dt,
                         te::ActKernelParams p, QuantOutputs& o, bool into) {
   const Tensor& x = r.x;
   if (!into) {
-    o.row_data = spec.rowwise ? at::empty(geo.out_shape, x.options().dtype(at::kByte)) : empty_like_dev(x, at::kByte);
-    o.col_data = spec.columnwise ? at::empty(geo.transposed_shape(), x.options().dtype(at::kByte))
-                                 : empty_like_dev(x, at::kByte);
+    if (spec.rowwise) o.row_data = at::empty(geo.out_shape, x.options().dtype(at::kByte));
+    if (spec.columnwise) o.col_data = at::empty(geo.transposed_shape(), x.options().dtype(at::kByte));
     o.row_scale_inv = at::empty({1}, x.options().dtype(at::kFloat));
   }
-  o.col_scale_inv = empty_like_dev(x, at::kFloat);
-  o.amax_row = empty_like_dev(x, at::kFloat);
-  o.amax_col = empty_like_dev(x, at::kFloat);
   p.out = spec.rowwise && o.row_data.numel() > 0 ? o.row_data.data_ptr() : nullptr;
   p.out_t = spec.columnwise && o.col_data.numel() > 0 ? o.col_data.data_ptr<uint8_t>() : nullptr;
   p.scale_inv = o.row_scale_inv.data_ptr<float>();
@@ -124,12 +141,10 @@ void run_fp8_per_tensor(const ActRequest& r, const ActGeometry& geo, const Quant
   run_activation(r.kind, r.backward, dt, p, x);
 }
 
-// The activation helper: validates, picks the fusion path (SPEC §5.1), runs the kernels and returns
-// [grad_bias]? + [row_data, row_scale_inv, col_data, col_scale_inv, amax_row, amax_col] (row_data is the plain
-// output when there is no quantizer).
-std::vector<Tensor> activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* into) {
-  check_request(r);
-  const te::DType dt = input_dtype(r.x, r.op, "input");
+// The activation helper: validates, picks the fusion path (SPEC §5.1), runs the kernels and returns what they
+// produced.
+ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* into) {
+  const te::DType dt = check_request(r);
   r.x = r.x.contiguous();
   if (r.grad) r.grad = r.grad->contiguous();
   const ActGeometry geo = geometry(r);
@@ -162,8 +177,6 @@ std::vector<Tensor> activation_helper(ActRequest r, const QuantSpec& spec, Quant
         p.out = o.row_data.data_ptr();
         p.mode = te::ScaleMode::kPlain;
         run_activation(r.kind, r.backward, dt, p, r.x);
-        for (Tensor* t : {&o.row_scale_inv, &o.col_data, &o.col_scale_inv, &o.amax_row, &o.amax_col})
-          *t = empty_like_dev(r.x, at::kFloat);
         break;
       }
       if (spec.kind == te::QuantKind::kFp8Delayed || spec.kind == te::QuantKind::kFp8Current) {
@@ -182,15 +195,23 @@ std::vector<Tensor> activation_helper(ActRequest r, const QuantSpec& spec, Quant
       run_dbias_reduce(partial, grad_bias);
     }
   }
-  std::vector<Tensor> out = o.list();
-  if (r.with_dbias) out.insert(out.begin(), grad_bias);
-  return out;
+  return {grad_bias, o};
 }
 
-using QOut = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
-using QOutBias = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
-QOut as_qout(const std::vector<Tensor>& v) { return {v[0], v[1], v[2], v[3], v[4], v[5]}; }
-QOutBias as_qout_bias(const std::vector<Tensor>& v) { return {v[0], v[1], v[2], v[3], v[4], v[5], v[6]}; }
+// Runs a quantizing op and returns its fixed tuple (SPEC §1.4), [grad_bias] first for the dbias ops. Absent data
+// pieces are uint8 with a quantizer, float32 without one, as the fake kernels in _ops.py say.
+QOut returned(const ActResult& res, const ActRequest& r, const QuantSpec& spec) {
+  return res.out.returned(r.x, spec.kind == te::QuantKind::kNone ? at::kFloat : at::kByte);
+}
+
+QOut run_quantizing(const ActRequest& r, const QuantSpec& spec) {
+  return returned(activation_helper(r, spec, nullptr), r, spec);
+}
+
+QOutBias run_quantizing_with_bias(const ActRequest& r, const QuantSpec& spec) {
+  const ActResult res = activation_helper(r, spec, nullptr);
+  return std::tuple_cat(std::make_tuple(res.grad_bias), returned(res, r, spec));
+}
 
 te::ActKind act_kind(const char* op, int64_t code) {
   TORCH_CHECK_VALUE(te::act_is_known(int(code)) && code != int64_t(te::ActKind::kIdentity), op,
@@ -215,41 +236,40 @@ te::ActArgs act_args(double limit, double alpha, double offset) {
 
 Tensor act(const Tensor& x, int64_t code, double limit, double alpha, double offset) {
   ActRequest r{"act", act_kind("act", code), false, x, c10::nullopt, act_args(limit, alpha, offset), false};
-  return activation_helper(r, QuantSpec{}, nullptr)[0];
+  return activation_helper(r, QuantSpec{}, nullptr).out.row_data;
 }
 
 Tensor dact(const Tensor& grad, const Tensor& x, int64_t code, double limit, double alpha, double offset) {
   ActRequest r{"dact", act_kind("dact", code), true, x, grad, act_args(limit, alpha, offset), false};
-  return activation_helper(r, QuantSpec{}, nullptr)[0];
+  return activation_helper(r, QuantSpec{}, nullptr).out.row_data;
 }
 
-QOut act_quantize(const Tensor& x, int64_t code, double limit, double alpha, double offset,
-                                 TE_QSPEC_PARAMS) {
+QOut act_quantize(const Tensor& x, int64_t code, double limit, double alpha, double offset, TE_QSPEC_PARAMS) {
   ActRequest r{"act_quantize", act_kind("act_quantize", code), false, x, c10::nullopt, act_args(limit, alpha, offset),
                false};
-  return as_qout(activation_helper(r, TE_QSPEC_ARGS("act_quantize", x), nullptr));
+  return run_quantizing(r, TE_QSPEC_ARGS("act_quantize", x));
 }
 
-QOut dact_quantize(const Tensor& grad, const Tensor& x, int64_t code, double limit, double alpha,
-                                  double offset, TE_QSPEC_PARAMS) {
+QOut dact_quantize(const Tensor& grad, const Tensor& x, int64_t code, double limit, double alpha, double offset,
+                   TE_QSPEC_PARAMS) {
   ActRequest r{"dact_quantize", act_kind("dact_quantize", code), true, x, grad, act_args(limit, alpha, offset), false};
-  return as_qout(activation_helper(r, TE_QSPEC_ARGS("dact_quantize", x), nullptr));
+  return run_quantizing(r, TE_QSPEC_ARGS("dact_quantize", x));
 }
 
 QOutBias dbias_dact(const Tensor& grad, const Tensor& x, int64_t code, TE_QSPEC_PARAMS) {
   ActRequest r{"dbias_dact", act_kind("dbias_dact", code), true, x, grad, te::ActArgs{}, true};
-  return as_qout_bias(activation_helper(r, TE_QSPEC_ARGS("dbias_dact", x), nullptr));
+  return run_quantizing_with_bias(r, TE_QSPEC_ARGS("dbias_dact", x));
 }
 
 QOut quantize(const Tensor& x, TE_QSPEC_PARAMS) {
   TORCH_CHECK_VALUE(qkind != 0, "quantize: a quantizer is required (use the tensor as it is)");
   ActRequest r{"quantize", te::ActKind::kIdentity, false, x, c10::nullopt, te::ActArgs{}, false};
-  return as_qout(activation_helper(r, TE_QSPEC_ARGS("quantize", x), nullptr));
+  return run_quantizing(r, TE_QSPEC_ARGS("quantize", x));
 }
 
 QOutBias bgrad_quantize(const Tensor& x, TE_QSPEC_PARAMS) {
   ActRequest r{"bgrad_quantize", te::ActKind::kIdentity, false, x, c10::nullopt, te::ActArgs{}, true};
-  return as_qout_bias(activation_helper(r, TE_QSPEC_ARGS("bgrad_quantize", x), nullptr));
+  return run_quantizing_with_bias(r, TE_QSPEC_ARGS("bgrad_quantize", x));
 }
 
 void quantize_into(const Tensor& x, TE_QSPEC_PARAMS, const c10::optional<Tensor>& row_data,
@@ -267,10 +287,14 @@ void quantize_into(const Tensor& x, TE_QSPEC_PARAMS, const c10::optional<Tensor>
   o.row_scale_inv = *row_scale_inv;
   spec.rowwise = spec.rowwise && row_data.has_value();
   spec.columnwise = spec.columnwise && col_data.has_value();
-  o.row_data = spec.rowwise ? *row_data : empty_like_dev(x, at::kByte);
-  o.col_data = spec.columnwise ? *col_data : empty_like_dev(x, at::kByte);
-  if (spec.rowwise) check_buffer(o.row_data, geo.out_shape, at::kByte, x, op, "_data");
-  if (spec.columnwise) check_buffer(o.col_data, geo.transposed_shape(), at::kByte, x, op, "_transpose");
+  if (spec.rowwise) {
+    o.row_data = *row_data;
+    check_buffer(o.row_data, geo.out_shape, at::kByte, x, op, "_data");
+  }
+  if (spec.columnwise) {
+    o.col_data = *col_data;
+    check_buffer(o.col_data, geo.transposed_shape(), at::kByte, x, op, "_transpose");
+  }
   (void)col_scale_inv;
   activation_helper(r, spec, &o);
 }

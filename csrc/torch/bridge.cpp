@@ -37,7 +37,7 @@ te::DType input_dtype(const Tensor& t, const char* op, const char* what) {
     default: break;
   }
   const std::string where = arch_name(t);
-  TORCH_CHECK_VALUE(false, op, ": ", what, " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()),
+  TORCH_CHECK_TYPE(false, op, ": ", what, " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()),
                    " with shape ", shape_str(t), " on ", where);
   return te::DType::kFloat32;  // not reached
 }
@@ -132,7 +132,8 @@ void zero_scalar(const Tensor& t) {
     return;
   }
 #endif
-  t.zero_();
+  // A host store: zero_() would cost a trip through the dispatcher for one float.
+  *t.data_ptr<float>() = 0.0f;
 }
 
 void run_dbias_reduce(const Tensor& partial, Tensor& out) {

@@ -59,7 +59,7 @@ void check_scalar_f32(const Tensor& t, const Tensor& ref, const char* op, const 
 void run_activation(te::ActKind kind, bool backward, te::DType dtype, const te::ActKernelParams& p, const Tensor& ref);
 void run_dbias_reduce(const Tensor& partial, Tensor& out);
 // Zeroes a one-element float32 tensor: a 4-byte memset on the current stream for CUDA (cheaper to issue than a
-// fill kernel, capturable), fill_ on the CPU.
+// fill kernel, capturable), a plain store on the CPU.
 void zero_scalar(const Tensor& t);
 
 #if defined(TE_WITH_CUDA)
