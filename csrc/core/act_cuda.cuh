@@ -1,10 +1,11 @@
 // CUDA kernel of the activation / cast family (included by the act_*.cu translation units, which instantiate
 // it for a few activations each so the build parallelises).
 //
-// Three kernels: a rowwise one for the common case (aligned rows of 8-element chunks, no transposed copy, no
-// dbias), a flat list of chunks with several 16-byte loads in flight per thread; a strip kernel for dbias; and a
-// tile kernel for the rest (transposed copies, ragged shapes). The first two are instantiated per output kind and,
-// for bf16 inputs of exp-based functors, look the functor up in exact shared-memory tables.
+// Four kernels: a rowwise one for the common case (aligned rows of 8-element chunks, no transposed copy, no
+// dbias), a flat list of chunks with several 16-byte loads in flight per thread; a strip kernel for dbias; a
+// pipelined tile kernel for FP8 with a transposed copy on aligned rows; and the tile kernel for the rest (ragged
+// shapes, dbias with a transposed copy). The first three are instantiated per output kind and, for bf16 inputs of
+// exp-based functors, look the functor up in exact shared-memory tables.
 // Tile kernel: a block of 256 threads owns 64 positions x 128 rows; thread t takes the 8 consecutive positions
 // 8*(t%8).. and the 4 consecutive rows 4*(t/8)..: 16-byte loads of bf16/fp16 (two for fp32), all four rows in
 // flight before any math. FP8 codes of the transposed copy go through shared memory as 4-row words, swizzled
@@ -90,6 +91,33 @@ template <int kBlock> __device__ __forceinline__ void block_amax_to_global(float
 
 // Swizzled word index of (position j in tile, 4-row group w) in the transposed shared tile.
 __device__ __forceinline__ int tile_word(int j, int w) { return j * 32 + (w ^ (4 * ((j >> 3) & 7))); }
+
+// Writes a staged 128 x 64 code tile (word (j, w) = rows 4w..4w+3 of position j) to the transposed copy `out_t`
+// ([cols, rows] codes) at positions col_base.. and rows m0..: each thread two 16-byte runs of 16 rows, byte stores
+// where the rows are ragged or out_t is misaligned.
+__device__ __forceinline__ void store_transposed_tile(const uint32_t* tile, uint8_t* out_t, int64_t col_base,
+                                                      int64_t m0, int64_t rows, int64_t cols) {
+  const bool rows_vec = (rows % 16 == 0) && ((reinterpret_cast<uintptr_t>(out_t) & 15) == 0);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int v = threadIdx.x + half * kThreads;
+    const int j = v / 8, s = v % 8;
+    const int64_t pos = col_base + j, m = m0 + 16 * s;
+    if (pos < cols && m < rows) {
+      const uint4 w = *reinterpret_cast<const uint4*>(&tile[tile_word(j, 4 * s)]);
+      uint8_t* dst = out_t + pos * rows + m;
+      if (rows_vec) {
+        *reinterpret_cast<uint4*>(dst) = w;
+      } else {
+#pragma unroll
+        for (int b = 0; b < 16; ++b) {
+          const uint32_t word = b < 4 ? w.x : (b < 8 ? w.y : (b < 12 ? w.z : w.w));
+          if (m + b < rows) dst[b] = uint8_t(word >> (8 * (b % 4)));
+        }
+      }
+    }
+  }
+}
 
 // Tile kernel: FP8 transposed copies, dbias partial sums, and ragged shapes. A block owns one 128 x 64 tile at a
 // time (grid.y row tiles, looping only past 65535 of them); no cross-tile prefetch, so registers stay low and
@@ -231,30 +259,8 @@ act_kernel(const ActKernelParams p, int64_t dbias_rows) {
 #pragma unroll
         for (int k = 0; k < kVec; ++k) tile[h][tile_word(cchunk * kVec + k, rgroup)] = tw[h][k];
       __syncthreads();
-      const bool rows_vec = (rows % 16 == 0) && ((reinterpret_cast<uintptr_t>(p.out_t) & 15) == 0);
 #pragma unroll
-      for (int h = 0; h < kOuts; ++h) {
-#pragma unroll
-        for (int it = 0; it < 2; ++it) {
-          const int v = tid + it * kThreads;
-          const int j = v / 8, s = v % 8;
-          const int64_t pos = col_base + j;
-          const int64_t m = m0 + 16 * s;
-          if (pos < cols && m < rows) {
-            const uint4 w = *reinterpret_cast<const uint4*>(&tile[h][tile_word(j, 4 * s)]);
-            uint8_t* dst = p.out_t + (pos + h * cols) * rows + m;
-            if (rows_vec && m + 16 <= rows) {
-              *reinterpret_cast<uint4*>(dst) = w;
-            } else {
-#pragma unroll
-              for (int b = 0; b < 16; ++b) {
-                const uint32_t word = b < 4 ? w.x : (b < 8 ? w.y : (b < 12 ? w.z : w.w));
-                if (m + b < rows) dst[b] = uint8_t(word >> (8 * (b % 4)));
-              }
-            }
-          }
-        }
-      }
+      for (int h = 0; h < kOuts; ++h) store_transposed_tile(tile[h], p.out_t + h * cols * rows, col_base, m0, rows, cols);
     }
   }
 
@@ -417,6 +423,17 @@ struct FastDiv {
   __device__ __forceinline__ uint32_t div(uint32_t n) const { return (n * m_hi + __umulhi(n, m_lo)) >> l; }
 };
 
+// 16-byte asynchronous global -> shared copies (sm_80+): no registers held while in flight. `valid` false
+// zero-fills the destination without reading global memory.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
 // ---- Rowwise kernel ----------------------------------------------------------------------------------------------
 // No transposed copy, no dbias, every row a whole number of aligned 8-element chunks: the tensor is a flat list of
 // chunks (gated inputs map chunk -> (row, position)). A step of a block is `units` (<= kU) chunks per thread
@@ -562,6 +579,138 @@ act_strip_kernel(const ActKernelParams p, int64_t block_rows, int64_t n_strips, 
   if constexpr (OutTraits<kOut>::kTrackAmax) block_amax_to_global<kThreads>(amax, red, p.amax);
 }
 
+// ---- Pipelined tile kernel (transposed copies) ----------------------------------------------------------------
+// FP8 output with a transposed copy, aligned rows, no dbias. Persistent blocks walk 128 x 64 tiles (column tile
+// fastest, so the blocks in flight together read whole rows); each thread copies its own 4 rows x 8 positions of
+// every input stream into shared memory with cp.async, kStages - 1 tiles ahead of the one it computes, so loads
+// stay in flight while the block encodes, stages and stores the transposed codes. A thread reads back only what
+// it copied itself, so the input buffers need no barrier; the staged transposed tile keeps the tile kernel's two.
+constexpr int kPipeStages = 2;
+
+template <class Op, bool kBwd, typename InT> struct PipeLayout {
+  static constexpr int kStreams = 1 + int(Op::kGated) + int(kBwd);
+  static constexpr int kOuts = (kBwd && Op::kGated) ? 2 : 1;
+  static constexpr int kChunkBytes = kVec * int(sizeof(InT));                     // 16 (16-bit) or 32 (FP32)
+  static constexpr int kStreamBytes = int(kActBlockRows) * kTileCols * int(sizeof(InT));
+  static constexpr int kStageBytes = kStreams * kStreamBytes;
+  static constexpr int kTileBytes = kOuts * kTileCols * 32 * 4;                   // staged transposed codes
+  static constexpr size_t kLutOffset = size_t(kPipeStages) * kStageBytes + kTileBytes;
+  template <bool kLut> static constexpr size_t smem_bytes() {
+    return kLutOffset + (kLut ? LutPlan<Op, kBwd>::kBytes : 0);
+  }
+  // Blocks per SM that the shared memory allows (227 KB per SM on Hopper, 1 KB reserved per block), at most 4:
+  // the register budget of __launch_bounds__ follows from it.
+  template <bool kLut> static constexpr int min_blocks() {
+    const int n = int((227 * 1024) / (smem_bytes<kLut>() + 1024));
+    return n < 1 ? 1 : (n > 4 ? 4 : n);
+  }
+};
+
+
+struct PipeGeom {
+  int64_t col_tiles = 1;
+  int64_t tiles = 1;
+};
+
+template <class Op, bool kBwd, typename InT, OutKind kOut, bool kLut>
+__global__ void __launch_bounds__(kThreads, PipeLayout<Op, kBwd, InT>::template min_blocks<kLut>())
+act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
+  using L = PipeLayout<Op, kBwd, InT>;
+  using Tr = OutTraits<kOut>;
+  static_assert(Tr::kFp8, "the transposed copy holds FP8 codes");
+  constexpr bool kGated = Op::kGated;
+  constexpr int kOuts = L::kOuts;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint32_t* tile = reinterpret_cast<uint32_t*>(smem + kPipeStages * L::kStageBytes);
+  const float* lut = reinterpret_cast<const float*>(smem + L::kLutOffset);
+  __shared__ float red[kThreads / 32];
+
+  if (p.noop != nullptr && *p.noop == 1.0f) return;
+  const float scale = kind_scale<kOut>(p);
+  const int64_t rows = p.rows, cols = p.cols;
+  const int64_t x_stride = kGated ? 2 * cols : cols;
+  const int64_t o_cols = kOuts == 2 ? 2 * cols : cols;
+  const int tid = threadIdx.x, cchunk = tid % 8, rgroup = tid / 8;
+  const char* x = static_cast<const char*>(p.x);
+  const char* g = static_cast<const char*>(p.grad);
+  // This thread's chunk of row i of a stream in a stage buffer.
+  auto chunk_at = [&](int stage, int stream, int i) {
+    return smem + stage * L::kStageBytes + stream * L::kStreamBytes +
+           ((rgroup * kRowsPerThread + i) * kTileCols + cchunk * kVec) * int(sizeof(InT));
+  };
+  auto issue = [&](int64_t t, int stage) {
+    if (t < geo.tiles) {
+      const int64_t rt = t / geo.col_tiles;
+      const int64_t c0 = (t - rt * geo.col_tiles) * kTileCols + cchunk * kVec;
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) {
+        const int64_t r = rt * kActBlockRows + rgroup * kRowsPerThread + i;
+        const bool valid = r < rows && c0 < cols;
+        const int64_t xo = valid ? (r * x_stride + c0) * int64_t(sizeof(InT)) : 0;
+        const int64_t go = valid ? (r * cols + c0) * int64_t(sizeof(InT)) : 0;
+#pragma unroll
+        for (int b = 0; b < L::kChunkBytes; b += 16) {
+          cp_async16(chunk_at(stage, 0, i) + b, x + xo + b, valid);
+          if (kGated) cp_async16(chunk_at(stage, 1, i) + b, x + xo + cols * int64_t(sizeof(InT)) + b, valid);
+          if (kBwd) cp_async16(chunk_at(stage, L::kStreams - 1, i) + b, g + go + b, valid);
+        }
+      }
+    }
+    cp_async_commit();  // an empty group past the last tile keeps the wait count uniform
+  };
+
+  int64_t t = blockIdx.x;
+#pragma unroll
+  for (int s = 0; s < kPipeStages - 1; ++s) issue(t + s * int64_t(gridDim.x), s);
+  if constexpr (kLut) lut_fill<Op, kBwd, kThreads>(const_cast<float*>(lut), p.act);  // overlaps the first loads
+  float amax = 0.0f;
+  for (int it = 0; t < geo.tiles; ++it, t += gridDim.x) {
+    const int stage = it % kPipeStages;
+    issue(t + (kPipeStages - 1) * int64_t(gridDim.x), (it + kPipeStages - 1) % kPipeStages);
+    cp_async_wait<kPipeStages - 1>();
+    const int64_t rt = t / geo.col_tiles;
+    const int64_t col_base = (t - rt * geo.col_tiles) * kTileCols;
+    const int64_t m0 = rt * kActBlockRows;
+    const int64_t c0 = col_base + cchunk * kVec;
+    uint32_t tw[kOuts][kVec] = {};  // byte i of word k = code of (row i of this thread's 4, position c0 + k)
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int64_t r = m0 + rgroup * kRowsPerThread + i;
+      const bool valid = r < rows && c0 < cols;
+      const Vec8<InT> va = *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, 0, i));
+      const Vec8<InT> vb = kGated ? *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, 1, i)) : va;
+      const Vec8<InT> vg = kBwd ? *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, L::kStreams - 1, i)) : va;
+      float out[2][kVec];
+      eval8<Op, kBwd, kLut>(va, vb, vg, p.act, lut, out);
+#pragma unroll
+      for (int h = 0; h < kOuts; ++h) {
+        if constexpr (Tr::kTrackAmax) {
+          if (valid)
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) amax = amax_update(amax, out[h][k]);
+        }
+        const uint2 w = p.e4m3 ? encode8_t<InT, Tr::kRound, true>(out[h], scale)
+                               : encode8_t<InT, Tr::kRound, false>(out[h], scale);
+        if (valid && p.out != nullptr)
+          *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.out) + r * o_cols + h * cols + c0) = w;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) tw[h][k] |= (((k < 4 ? w.x : w.y) >> (8 * (k % 4))) & 0xFFu) << (8 * i);
+      }
+    }
+    __syncthreads();  // the previous tile's staged codes have been read
+#pragma unroll
+    for (int h = 0; h < kOuts; ++h)
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) tile[h * kTileCols * 32 + tile_word(cchunk * kVec + k, rgroup)] = tw[h][k];
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < kOuts; ++h)
+      store_transposed_tile(tile + h * kTileCols * 32, p.out_t + h * cols * rows, col_base, m0, rows, cols);
+  }
+  cp_async_wait<0>();
+  if constexpr (Tr::kTrackAmax) block_amax_to_global<kThreads>(amax, red, p.amax);
+}
+
 // ---- Launchers -------------------------------------------------------------------------------------------------
 inline void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
@@ -654,6 +803,30 @@ void launch_strip(const ActKernelParams& p, int64_t dbias_rows, cudaStream_t str
                                                                                              items);
 }
 
+// A persistent grid: as many blocks as are resident, at most one per tile.
+template <auto kernel>
+void launch_pipe_grid(const ActKernelParams& p, const PipeGeom& geo, size_t smem, cudaStream_t stream) {
+  const int per_sm = std::max(1, resident_per_sm<kernel>(kThreads, smem));
+  const int64_t grid = std::min<int64_t>(geo.tiles, int64_t(per_sm) * device_sm_count_or_default());
+  kernel<<<unsigned(grid), kThreads, smem, stream>>>(p, geo);
+}
+
+template <class Op, bool kBwd, typename T, OutKind kOut>
+void launch_pipe(const ActKernelParams& p, cudaStream_t stream) {
+  using L = PipeLayout<Op, kBwd, T>;
+  PipeGeom geo;
+  geo.col_tiles = std::max<int64_t>(1, (p.cols + kTileCols - 1) / kTileCols);
+  geo.tiles = geo.col_tiles * std::max<int64_t>(1, (p.rows + kActBlockRows - 1) / kActBlockRows);
+  if constexpr (Op::Fn::kTabulate && std::is_same<T, bf16_t>::value) {
+    // Tables pay off when each resident block walks several tiles after filling them.
+    if (force_tables() || geo.tiles >= 8 * int64_t(device_sm_count_or_default())) {
+      launch_pipe_grid<act_pipe_kernel<Op, kBwd, T, kOut, true>>(p, geo, L::template smem_bytes<true>(), stream);
+      return;
+    }
+  }
+  launch_pipe_grid<act_pipe_kernel<Op, kBwd, T, kOut, false>>(p, geo, L::template smem_bytes<false>(), stream);
+}
+
 template <class Op, bool kBwd>
 void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
   auto aligned = [](const void* ptr, int bytes) { return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0; };
@@ -682,6 +855,18 @@ void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
       check_launch("activation kernel (dbias strips)");
       return;
     }
+  }
+  if (vec && p.out_t != nullptr && p.dbias_partial == nullptr &&
+      (p.mode == ScaleMode::kDelayed || p.mode == ScaleMode::kCurrent)) {
+    TE_SWITCH_IN_DTYPE(in_dtype, T, {
+      if (p.mode == ScaleMode::kDelayed) {
+        launch_pipe<Op, kBwd, T, OutKind::kDelayed>(p, stream);
+      } else {
+        launch_pipe<Op, kBwd, T, OutKind::kCurrent>(p, stream);
+      }
+    });
+    check_launch("activation kernel (pipelined tiles)");
+    return;
   }
   const int64_t col_blocks = (p.cols + kTileCols - 1) / kTileCols;
   if (col_blocks > 2147483647LL) core_fail("activation: too many columns");
