@@ -119,14 +119,13 @@ __device__ __forceinline__ void store_transposed_tile(const uint32_t* tile, uint
   }
 }
 
-// Tile kernel: FP8 transposed copies, dbias partial sums, and ragged shapes. A block owns one 128 x 64 tile at a
-// time (grid.y row tiles, looping only past 65535 of them); no cross-tile prefetch, so registers stay low and
-// several blocks per SM keep enough loads in flight: four for unary forward ops (the casts among them), two for the
-// register-hungrier gated and backward ones.
+// Tile kernel: what the other kernels leave (ragged or misaligned rows, dbias with a transposed copy). A block owns
+// one 128 x 64 tile at a time (grid.y row tiles, looping only past 65535 of them); no cross-tile prefetch; two
+// blocks per SM, so that no instantiation spills.
 // kVecPath: every chunk is 8 aligned elements (cols % 8 == 0, aligned pointers), so rows load and store as 16-byte
 // vectors; the general instantiation handles ragged shapes element by element.
 template <class Op, bool kBwd, typename InT, bool kVecPath>
-__global__ void __launch_bounds__(kThreads, (Op::kGated || kBwd) ? 2 : 4)
+__global__ void __launch_bounds__(kThreads, 2)
 act_kernel(const ActKernelParams p, int64_t dbias_rows) {
   constexpr bool vec = kVecPath;
   constexpr bool kGated = Op::kGated;
@@ -487,11 +486,11 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
     }
   };
   Vec8<InT> ra[kU], rb[kU], rg[kU];
-  auto load_step = [&](uint32_t step) {
+  auto load_step = [&](uint32_t step, int units) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const uint32_t ci = step + threadIdx.x + uint32_t(u) * kRowThreads;
-      if (u < geo.units && ci < n) {
+      if (u < units && ci < n) {
         int64_t xoff, ooff;
         offsets(ci, xoff, ooff);
         ra[u] = *reinterpret_cast<const Vec8<InT>*>(x + xoff);
@@ -500,25 +499,38 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
       }
     }
   };
-
-  const uint32_t first = blockIdx.x * per_step;
-  if constexpr (kLut) {
-    if (first < n) load_step(first);
-    lut_fill<Op, kBwd, kRowThreads>(lut, p.act);  // overlaps the first loads
-  }
   float amax = 0.0f;
-  for (uint32_t step = first; step < n; step += gridDim.x * per_step) {
-    if (!kLut || step != first) load_step(step);
+  auto compute_step = [&](uint32_t step, int units) {
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const uint32_t ci = step + threadIdx.x + uint32_t(u) * kRowThreads;
-      if (u >= geo.units || ci >= n) break;
+      if (u >= units || ci >= n) break;
       int64_t xoff, ooff;
       offsets(ci, xoff, ooff);
       float out[2][kVec];
       eval8<Op, kBwd, kLut>(ra[u], rb[u], rg[u], p.act, lut, out);
 #pragma unroll
       for (int h = 0; h < (kTwoOut ? 2 : 1); ++h) emit8<kOut, InT>(out[h], p.out, ooff + h * cols, scale, p.e4m3, amax);
+    }
+  };
+
+  const uint32_t first = blockIdx.x * per_step;
+  const uint32_t stride = gridDim.x * per_step;
+  // Table path: whole rounds (every block one full step) first; the chunks left over are then spread over all
+  // blocks one chunk per thread, so no block walks a whole extra step while the others idle.
+  const uint32_t full_end = kLut ? (n / stride) * stride : n;
+  if constexpr (kLut) {
+    if (first < full_end) load_step(first, geo.units);
+    lut_fill<Op, kBwd, kRowThreads>(lut, p.act);  // overlaps the first loads
+  }
+  for (uint32_t step = first; step < full_end; step += stride) {
+    if (!kLut || step != first) load_step(step, geo.units);
+    compute_step(step, geo.units);
+  }
+  if constexpr (kLut) {
+    for (uint32_t step = full_end + blockIdx.x * kRowThreads; step < n; step += gridDim.x * kRowThreads) {
+      load_step(step, 1);
+      compute_step(step, 1);
     }
   }
   if constexpr (OutTraits<kOut>::kTrackAmax) block_amax_to_global<kRowThreads>(amax, red, p.amax);
