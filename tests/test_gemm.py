@@ -431,6 +431,62 @@ def test_not_yet_supported_format(tex):
         tex.general_gemm(_FakeMX(), b)
 
 
+def _fake_block_tensor(cls_name, row, col, is_2d=False):
+    """A stand-in for a block-format tensor class (MXFP8Tensor, ...): its two "copies" hold plain values that
+    differ, so the test sees which copy the GEMM used. Real classes dequantize codes; the GEMM only calls
+    dequantize() on the copy it picked (SPEC §6.7)."""
+    tex = tex_module()
+
+    def dequantize(self, dtype=None):
+        src = self._rowwise_data if self._rowwise_data is not None else self._columnwise_data
+        return src.to(dtype or self.dtype)
+
+    cls = type(cls_name, (tex.QuantizedTensor,), {
+        "dequantize": dequantize,
+        "device": property(lambda self: (self._rowwise_data if self._rowwise_data is not None
+                                         else self._columnwise_data).device)})
+    t = cls(row.shape if row is not None else col.shape, torch.bfloat16)
+    t._rowwise_data, t._columnwise_data, t._is_2D_scaled = row, col, is_2d
+    return t
+
+
+@pytest.mark.parametrize("fmt", ["MXFP8Tensor", "NVFP4Tensor", "Float8BlockwiseQTensor"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_block_format_emulation_picks_copy(tex, device, layout, fmt):
+    """SPEC §6.7: A uses its rowwise copy iff transA, B iff not transB; then a plain GEMM."""
+    sa, sb = shapes_for(layout, 32, 16, 64)
+    ar, ac = rnd(sa, torch.float32, device, 200), rnd(sa, torch.float32, device, 201)
+    br, bc = rnd(sb, torch.float32, device, 202), rnd(sb, torch.float32, device, 203)
+    A, B = _fake_block_tensor(fmt, ar, ac), _fake_block_tensor(fmt, br, bc)
+    out = tex.general_gemm(A, B, layout=layout, out_dtype=torch.float32)[0]
+    a_used = ar if layout[0] == "T" else ac
+    b_used = br if layout[1] == "N" else bc
+    if device == "cuda":  # bf16 on the GPU
+        a_used, b_used = a_used.to(torch.bfloat16), b_used.to(torch.bfloat16)
+    expect = tex.general_gemm(a_used, b_used, layout=layout, out_dtype=torch.float32)[0]
+    assert torch.equal(cpu(out), cpu(expect))
+    wrong = tex.general_gemm(ac if layout[0] == "T" else ar, b_used.float(), layout=layout, out_dtype=torch.float32)[0]
+    assert not torch.allclose(cpu(out), cpu(wrong), rtol=1e-2, atol=1e-2)
+
+
+def test_block_format_emulation_errors(tex):
+    x = lambda *s: torch.zeros(*s)  # noqa: E731
+    mx = lambda r, c=None: _fake_block_tensor("MXFP8Tensor", r, c)  # noqa: E731
+    with pytest.raises(ValueError, match=r"MXFP8 GEMM needs the contraction dim K to be a multiple of 32, got K=48"):
+        tex.general_gemm(mx(x(32, 48)), mx(x(16, 48)))
+    with pytest.raises(ValueError, match=r"NVFP4 GEMM needs the output's last dim N to be a multiple of 16, got N=24"):
+        tex.general_gemm(_fake_block_tensor("NVFP4Tensor", x(24, 32), None),
+                         _fake_block_tensor("NVFP4Tensor", x(16, 32), None))
+    with pytest.raises(ValueError, match=r"A \(MXFP8Tensor\[32, 32\]\) is used non-transposed \(layout NN\) in a MXFP8 "
+                                         r"GEMM, which needs A's columnwise copy"):
+        tex.general_gemm(mx(x(32, 32)), mx(x(16, 32)), layout="NN")
+    with pytest.raises(ValueError, match=r"FP8 block 2-D x 2-D has no kernel.*block_scaling_dim=1"):
+        tex.general_gemm(_fake_block_tensor("Float8BlockwiseQTensor", x(32, 32), None, True),
+                         _fake_block_tensor("Float8BlockwiseQTensor", x(16, 32), None, True))
+    with pytest.raises(TypeError, match=r"must use one scaling format"):
+        tex.general_gemm(mx(x(32, 32)), _fake_block_tensor("NVFP4Tensor", x(16, 32), None))
+
+
 def test_versions(tex):
     v = tex.get_cublasLt_version()
     assert isinstance(v, int) and v >= 0

@@ -7,6 +7,8 @@ picks the stored copy each operand needs (SPEC §6.4) and passes its codes, scal
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
@@ -17,6 +19,9 @@ _GEMM = torch.ops.te.gemm.default
 _PLAIN_CODES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),
                 torch.bfloat16: int(DType.kBFloat16)}
 _LAYOUTS = ("TN", "NN", "NT", "TT")
+# Block formats run through the documented emulation (SPEC §6.7): the copy §6.4 picks, dequantized on the device,
+# then a plain GEMM. Class name -> (contraction-dim multiple, format name) of the SPEC §6.5 rule.
+_EMULATED = {"MXFP8Tensor": (32, "MXFP8"), "NVFP4Tensor": (32, "NVFP4"), "Float8BlockwiseQTensor": (16, "FP8 block")}
 
 
 def _flat2d(shape):
@@ -35,6 +40,42 @@ def _describe(x):
     if isinstance(x, QuantizedTensor):
         return f"{type(x).__name__}{list(x.shape)}"
     return f"{x.dtype}{list(x.shape)}"
+
+
+def _emulated_operands(A, transA, B, transB, layout):
+    """SPEC §6.7 for block-format operands: checks the §6.5/§6.3 rules on the logical shapes, then dequantizes the
+    copy whose scaling runs along the contraction dim (A: rowwise iff transA; B: rowwise iff not transB) to bf16
+    on a GPU or exactly to FP32 on the CPU. Returns the plain operands."""
+    ka, kb = type(A).__name__, type(B).__name__
+    if ka != kb:
+        raise TypeError(f"generic_gemm: A ({_describe(A)}) and B ({_describe(B)}) must use one scaling format "
+                        f"(mixed operands are not supported); quantize both the same way")
+    mult, fmt = _EMULATED[ka]
+    a_rows, a_cols = _flat2d(tuple(A.shape))
+    m, k = (a_rows, a_cols) if transA else (a_cols, a_rows)
+    where = f"(A {_describe(A)}, B {_describe(B)}, layout {layout})"
+    if k % mult:
+        raise ValueError(f"generic_gemm: {fmt} GEMM needs the contraction dim K to be a multiple of {mult}, got K={k} "
+                         f"{where}. Pad K to {(k + mult - 1) // mult * mult} or keep this layer in bf16")
+    if m % 16:
+        raise ValueError(f"generic_gemm: {fmt} GEMM needs the output's last dim N to be a multiple of 16, got N={m} "
+                         f"{where}. Pad it to {(m + 15) // 16 * 16} or keep this layer in bf16")
+    if getattr(A, "_is_2D_scaled", False) and getattr(B, "_is_2D_scaled", False):
+        raise ValueError(f"generic_gemm: FP8 block 2-D x 2-D has no kernel {where}; quantize one operand with "
+                         f"block_scaling_dim=1")
+    out = []
+    for name, x, trans in (("A", A, transA), ("B", B, transB)):
+        rowwise = trans if name == "A" else not trans
+        field = "_rowwise_data" if rowwise else "_columnwise_data"
+        if getattr(x, field, None) is None:
+            raise ValueError(f"generic_gemm: {name} ({_describe(x)}) is used {'transposed' if trans else 'non-transposed'}"
+                             f" (layout {layout}) in a {fmt} GEMM, which needs {name}'s {field[1:-5]} copy; quantize "
+                             f"it with {field[1:-5]}=True")
+        y = copy.copy(x)  # a view that holds only the copy to use: dequantize reads rowwise first, else columnwise
+        if not rowwise:
+            y._rowwise_data = None
+        out.append(y.dequantize(torch.float32 if x.device.type == "cpu" else torch.bfloat16))
+    return out
 
 
 def _operand(name, x, trans, layout):
@@ -92,6 +133,9 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     transA, transB = bool(transA), bool(transB)
     layout = ("T" if transA else "N") + ("T" if transB else "N")
     check_quantizer("generic_gemm", quantizer)
+    nominal = A.dtype
+    if type(A).__name__ in _EMULATED or type(B).__name__ in _EMULATED:
+        A, B = _emulated_operands(A, transA, B, transB, layout)
     a, a_sinv, a_code, ta = _operand("A", A, transA, layout)
     b, b_sinv, b_code, tb = _operand("B", B, transB, layout)
     fp8_in = a_sinv is not None
@@ -101,7 +145,7 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     if output_dtype is not None and as_dtype(output_dtype, "generic_gemm: output_dtype") == DType.kFloat4E2M1:
         raise ValueError("generic_gemm: FP4 output is not supported (output_dtype=kFloat4E2M1); request bf16/fp32 "
                          "output and quantize it to NVFP4 afterwards")
-    out_dt = _hp_dtype(output_dtype, A.dtype, "generic_gemm: output_dtype")
+    out_dt = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype")
     if out_dt in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise ValueError(f"generic_gemm: output_dtype {out_dt} needs an FP8 quantizer: pass a Float8Quantizer as "
                          f"`quantizer` and a 16-bit or fp32 output_dtype (the nominal dtype)")

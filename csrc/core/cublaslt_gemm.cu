@@ -65,6 +65,15 @@ cudaDataType_t cuda_type(DType d) {
 
 bool is_fp8(DType d) { return d == DType::kFloat8E4M3 || d == DType::kFloat8E5M2; }
 
+// Largest power of two (<= 256) dividing the address: the heuristics otherwise assume 256-byte alignment and may
+// pick a kernel that faults on a row slice of a larger buffer (grouped single_output, views).
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al /= 2;
+  return al;
+}
+
 // ---- per-device handle, per-(device, stream) workspace -----------------------------------------------------
 struct Caches {
   std::mutex mu;
@@ -294,13 +303,20 @@ void gemm_cublaslt(const GemmArgs& g, size_t default_workspace_bytes, cudaStream
   check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_pref,
                                                 sizeof(ws_pref)),
            "workspace preference", g);
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> aligned_ptrs[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g.a.data}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g.b.data},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g.d}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g.d}};
+  for (const auto& ap : aligned_ptrs) {
+    const uint32_t al = alignment_of(ap.second);
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, ap.first, &al, sizeof(al)), "alignment preference", g);
+  }
 
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
   const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, desc.d, la.l, lb.l, lc.l, ld.l, pref.p, 1, &heur,
                                                            &found);
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
-    core_fail(std::string("generic_gemm: cuBLASLt has no kernel for this GEMM (") + describe(g) + ", m=" +
+    throw GemmNoKernel(std::string("generic_gemm: cuBLASLt has no kernel for this GEMM (") + describe(g) + ", m=" +
               std::to_string(c.dims.m) + " n=" + std::to_string(c.dims.n) + " k=" + std::to_string(c.dims.k) +
               ", workspace " + std::to_string(ws_bytes) + " B, status " + cublasLtGetStatusName(hs) +
               "). Try another output dtype or epilogue, or keep this layer in bf16");

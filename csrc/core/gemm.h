@@ -91,6 +91,11 @@ using GemmParallelFor = std::function<void(int64_t n, const std::function<void(i
 void gemm_cpu(const GemmArgs& g, const GemmParallelFor& parallel_for);
 
 #if defined(TE_WITH_CUDA)
+// Thrown when cuBLASLt's heuristics find no kernel for the request (typically an epilogue the format or shape
+// lacks), so that the caller can run the epilogue separately (SPEC §6.2) instead of failing.
+struct GemmNoKernel : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
 // cuBLASLt on `stream` (current device). Throws std::invalid_argument (core_fail) with shapes, formats and the
 // cuBLAS status name when the library refuses; never synchronises the host. `default_workspace_bytes` is the size
 // of the cached workspace used when g.workspace is null.

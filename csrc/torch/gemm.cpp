@@ -84,6 +84,46 @@ template <typename F> void run_core(F&& f) {
   }
 }
 
+#if defined(TE_WITH_CUDA)
+// SPEC §6.2: where cuBLASLt has no kernel for an epilogue (format, shape or alignment), the GEMM runs plain into
+// FP32 and the epilogue follows as separate ops with the CPU kernel's math (FP32, one rounding to the output).
+void unfused_epilogue(const te::GemmArgs& g, const te::GemmDims& dm, const Tensor& b, const Tensor& D,
+                      const c10::optional<Tensor>& bias, const c10::optional<Tensor>& bias_grad,
+                      const c10::optional<Tensor>& aux, size_t default_ws) {
+  Tensor acc = at::empty({dm.n, dm.m}, D.options().dtype(at::kFloat));
+  te::GemmArgs p = g;
+  p.d = acc.data_ptr();
+  p.d_dtype = te::DType::kFloat32;
+  p.beta = 0.0f;
+  p.epilogue = te::GemmEpilogue::kNone;
+  p.bias = nullptr;
+  p.bias_grad = nullptr;
+  p.aux = nullptr;
+  run_core([&] { te::gemm_cublaslt(p, default_ws, current_stream()); });
+  Tensor d2 = D.view({dm.n, dm.m});
+  Tensor r = acc;
+  if (g.beta != 0.0f) r = r + d2.to(at::kFloat) * double(g.beta);
+  switch (g.epilogue) {
+    case te::GemmEpilogue::kBias: r = r + bias->to(at::kFloat); break;
+    case te::GemmEpilogue::kGeluAuxBias: r = r + bias->to(at::kFloat); [[fallthrough]];
+    case te::GemmEpilogue::kGeluAux:
+      aux->view({dm.n, dm.m}).copy_(r);
+      r = at::gelu(r, "tanh");
+      break;
+    case te::GemmEpilogue::kDGelu:
+    case te::GemmEpilogue::kDGeluBGrad:
+      r = at::gelu_backward(r, aux->view({dm.n, dm.m}).to(at::kFloat), "tanh");
+      if (g.epilogue == te::GemmEpilogue::kDGeluBGrad) bias_grad->copy_(r.sum(0));
+      break;
+    case te::GemmEpilogue::kBGradB:
+      bias_grad->copy_(b.to(at::kFloat).reshape({g.b.rows, g.b.cols}).sum(g.b.trans ? 0 : 1));
+      break;
+    case te::GemmEpilogue::kNone: break;
+  }
+  d2.copy_(r);
+}
+#endif
+
 void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t A_dtype, bool transA,
           const Tensor& B_in, const c10::optional<Tensor>& B_scale_inv, int64_t B_dtype, bool transB, const Tensor& D,
           int64_t D_dtype, const c10::optional<Tensor>& bias, const c10::optional<Tensor>& bias_grad,
@@ -276,7 +316,19 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
     g.bias_grad = nullptr;
   }
   const size_t default_ws = at::cuda::getCUDABlasLtWorkspaceSize();
-  run_core([&] { te::gemm_cublaslt(g, default_ws, current_stream()); });
+  bool fused = true;
+  run_core([&] {
+    try {
+      te::gemm_cublaslt(g, default_ws, current_stream());
+    } catch (const te::GemmNoKernel&) {
+      if (g.epilogue == te::GemmEpilogue::kNone || fp8_out) throw;
+      fused = false;
+    }
+  });
+  if (!fused) {
+    unfused_epilogue(g, dm, b, D, bias, bias_grad, gelu ? (grad ? gelu_in : pre_gelu_out) : c10::nullopt,
+                     default_ws);
+  }
   finish_fp8();
 #else
   TORCH_CHECK(false, "transformer_engine_torch was built without CUDA; CUDA tensors are not supported");
