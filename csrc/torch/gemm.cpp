@@ -85,6 +85,17 @@ template <typename F> void run_core(F&& f) {
 }
 
 #if defined(TE_WITH_CUDA)
+// Σ_k op(B) in FP32 (the wgrad bias gradient), for the cases cuBLASLt's BGRADB does not cover: FP8 codes are
+// decoded exactly and scaled by scale_inv. `b` is the operand as the kernel sees it ([rows, cols], flag g.b.trans).
+Tensor bias_grad_of_b(const te::GemmArgs& g, const Tensor& b, const c10::optional<Tensor>& b_scale_inv) {
+  Tensor bf = b.to(at::kFloat);
+  if (is_fp8(g.b.dtype)) {
+    bf = b.view(g.b.dtype == te::DType::kFloat8E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2).to(at::kFloat) *
+         *b_scale_inv;
+  }
+  return bf.reshape({g.b.rows, g.b.cols}).sum(g.b.trans ? 0 : 1);
+}
+
 // SPEC §6.2: where cuBLASLt has no kernel for an epilogue (format, shape or alignment), the GEMM runs plain into
 // FP32 and the epilogue follows as separate ops with the CPU kernel's math (FP32, one rounding to the output).
 void unfused_epilogue(const te::GemmArgs& g, const te::GemmDims& dm, const Tensor& b, const Tensor& D,
@@ -116,7 +127,7 @@ void unfused_epilogue(const te::GemmArgs& g, const te::GemmDims& dm, const Tenso
       if (g.epilogue == te::GemmEpilogue::kDGeluBGrad) bias_grad->copy_(r.sum(0));
       break;
     case te::GemmEpilogue::kBGradB:
-      bias_grad->copy_(b.to(at::kFloat).reshape({g.b.rows, g.b.cols}).sum(g.b.trans ? 0 : 1));
+      bias_grad->copy_(bias_grad_of_b(g, b, c10::nullopt));
       break;
     case te::GemmEpilogue::kNone: break;
   }
@@ -286,12 +297,7 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
   // Empty GEMMs (SPEC §6.1): nothing to multiply when D is empty; the bias gradient of op(B) may still be non-empty.
   if (dm.m == 0 || dm.n == 0) {
     if (g.epilogue == te::GemmEpilogue::kDGeluBGrad) bias_grad->zero_();
-    if (g.epilogue == te::GemmEpilogue::kBGradB) {
-      const Tensor bf = fp8_b ? b.view(g.b.dtype == te::DType::kFloat8E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2)
-                                        .to(at::kFloat) * *B_scale_inv
-                              : b.to(at::kFloat);
-      bias_grad->copy_(bf.reshape({g.b.rows, g.b.cols}).sum(transB ? 0 : 1));
-    }
+    if (g.epilogue == te::GemmEpilogue::kBGradB) bias_grad->copy_(bias_grad_of_b(g, b, B_scale_inv));
     finish_fp8();
     return;
   }
@@ -309,9 +315,7 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
   // cuBLASLt has no bias-gradient epilogue for FP8 B (SPEC §6.2: the missing part runs separately): Σ_k op(B) of
   // the dequantized codes, then the GEMM without epilogue.
   if (g.epilogue == te::GemmEpilogue::kBGradB && fp8_b) {
-    const Tensor bf = b.view(g.b.dtype == te::DType::kFloat8E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2)
-                          .to(at::kFloat) * *B_scale_inv;
-    bias_grad->copy_(bf.reshape({g.b.rows, g.b.cols}).sum(g.b.trans ? 0 : 1));
+    bias_grad->copy_(bias_grad_of_b(g, b, B_scale_inv));
     g.epilogue = te::GemmEpilogue::kNone;
     g.bias_grad = nullptr;
   }
