@@ -33,6 +33,7 @@ def timed(fn, iters=20, warmup=5):
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for s, e in zip(starts, ends):
         flush.zero_()
+        torch.cuda._sleep(200_000)  # ~0.1 ms of GPU spin: the host enqueues fn() before the start event fires
         s.record()
         fn()
         e.record()

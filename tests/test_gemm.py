@@ -215,7 +215,8 @@ def test_k_zero(tex, device, dtype):
     # wgrad over zero tokens: bias gradient 0.
     X, dY = torch.empty(0, 16, dtype=dtype, device=device), torch.empty(0, 32, dtype=dtype, device=device)
     dW, bgrad, _, _ = tex.general_gemm(X, dY, layout="NT", grad=True, bias=torch.empty(32, dtype=dtype, device=device))
-    assert torch.equal(cpu(dW), torch.zeros(32, 16, dtype=dtype)) and torch.equal(cpu(bgrad), torch.zeros(32, dtype=dtype))
+    assert torch.equal(cpu(dW), torch.zeros(32, 16, dtype=dtype))
+    assert torch.equal(cpu(bgrad), torch.zeros(32, dtype=dtype))
 
 
 # ---- FP8 operands ----------------------------------------------------------------------------------------

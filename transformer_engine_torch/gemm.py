@@ -68,7 +68,8 @@ def _emulated_operands(A, transA, B, transB, layout):
         rowwise = trans if name == "A" else not trans
         field = "_rowwise_data" if rowwise else "_columnwise_data"
         if getattr(x, field, None) is None:
-            raise ValueError(f"generic_gemm: {name} ({_describe(x)}) is used {'transposed' if trans else 'non-transposed'}"
+            use = "transposed" if trans else "non-transposed"
+            raise ValueError(f"generic_gemm: {name} ({_describe(x)}) is used {use}"
                              f" (layout {layout}) in a {fmt} GEMM, which needs {name}'s {field[1:-5]} copy; quantize "
                              f"it with {field[1:-5]}=True")
         y = copy.copy(x)  # a view that holds only the copy to use: dequantize reads rowwise first, else columnwise

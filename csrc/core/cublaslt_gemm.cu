@@ -216,7 +216,8 @@ size_t cublaslt_version() { return cublasLtGetVersion(); }
 void gemm_cublaslt(const GemmArgs& g, size_t default_workspace_bytes, cudaStream_t stream) {
   const Canonical c = canonicalize(g);
   if (c.dims.m == 0 || c.dims.n == 0 || c.dims.k == 0) {
-    core_fail("generic_gemm: the cuBLASLt path needs m, n, k > 0; the bridge handles empty GEMMs (" + describe(g) + ")");
+    core_fail("generic_gemm: the cuBLASLt path needs m, n, k > 0; the bridge handles empty GEMMs (" + describe(g) +
+              ")");
   }
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "cudaGetDevice");

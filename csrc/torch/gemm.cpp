@@ -63,8 +63,8 @@ te::GemmOperand make_operand(const char* name, const Tensor& x, const c10::optio
 std::string layout_str(bool ta, bool tb) { return std::string(ta ? "T" : "N") + (tb ? "T" : "N"); }
 
 void check_out(const char* what, const Tensor& t, int64_t numel, int64_t last, at::ScalarType st, const Tensor& ref) {
-  TORCH_CHECK_VALUE(t.device() == ref.device(), kOp, ": ", what, " is on ", t.device().str(), " but the operands are on ",
-                    ref.device().str());
+  TORCH_CHECK_VALUE(t.device() == ref.device(), kOp, ": ", what, " is on ", t.device().str(),
+                    " but the operands are on ", ref.device().str());
   TORCH_CHECK_VALUE(t.is_contiguous() && t.numel() == numel && (numel == 0 || t.dim() == 0 || t.size(-1) == last), kOp,
                     ": ", what, " must be a contiguous tensor of ", std::to_string(numel), " elements with last dim ",
                     std::to_string(last), ", got ", shape_str(t), t.is_contiguous() ? "" : " (non-contiguous)");
@@ -257,8 +257,8 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
     TORCH_CHECK_VALUE(w.scalar_type() == at::kByte && w.is_contiguous() && w.device() == ref.device() &&
                           workspace_size >= 0 && w.numel() >= workspace_size,
                       kOp, ": workspace must be a contiguous uint8 tensor on ", ref.device().str(), " with at least ",
-                      "workspace_size=", std::to_string(workspace_size), " bytes, got ", dtype_name(w.scalar_type()), " ",
-                      shape_str(w), " on ", w.device().str(), ". Recommended: 32 MiB + 1 KiB on sm_90 and newer");
+                      "workspace_size=", std::to_string(workspace_size), " bytes, got ", dtype_name(w.scalar_type()),
+                      " ", shape_str(w), " on ", w.device().str(), ". Recommended: 32 MiB + 1 KiB on sm_90 and newer");
     g.workspace = w.data_ptr();
     g.workspace_bytes = size_t(workspace_size);
   }
