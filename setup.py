@@ -45,6 +45,7 @@ if with_cuda():
         "transformer_engine_torch._C",
         srcs + sources("csrc/core/*.cu"),
         extra_compile_args={"cxx": cxx_flags + ["-DTE_WITH_CUDA"], "nvcc": nvcc_flags},
+        libraries=["cublasLt"],  # the GEMM wrapper (csrc/core/cublaslt_gemm.cu); the CPU-only build needs none
     )
 else:
     ext = cpp_extension.CppExtension(

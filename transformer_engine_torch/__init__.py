@@ -1,4 +1,4 @@
-"""transformer_engine_torch: fused activations quantized to FP8, quantizers, quantized tensors.
+"""transformer_engine_torch: fused activations quantized to FP8, quantizers, quantized tensors, cuBLASLt GEMMs.
 
 `import transformer_engine_torch as tex; y = tex.gelu(x, quantizer)`. Importing needs no GPU and no driver:
 nothing here queries a device. SPEC: shared/SPEC.md.
@@ -13,10 +13,12 @@ from .cast import *  # noqa: F401,F403
 from .cast import __all__ as _cast_all
 from .dtypes import DType
 from .enums import FP8BwdTensors, FP8FwdTensors
+from .gemm import *  # noqa: F401,F403
+from .gemm import __all__ as _gemm_all
 from .quantizers import Float8CurrentScalingQuantizer, Float8Quantizer, Quantizer
 from .tensors import Float8Tensor, QuantizedTensor
 
 __version__ = "0.1.0"
 
 __all__ = ["DType", "FP8FwdTensors", "FP8BwdTensors", "Quantizer", "Float8Quantizer",
-           "Float8CurrentScalingQuantizer", "QuantizedTensor", "Float8Tensor"] + _act_all + _cast_all
+           "Float8CurrentScalingQuantizer", "QuantizedTensor", "Float8Tensor"] + _act_all + _cast_all + _gemm_all

@@ -1,0 +1,331 @@
+// The one cuBLASLt wrapper (SPEC §6): GemmArgs -> matmul descriptor, layouts and preference, a heuristic query
+// and one cublasLtMatmul on the caller's stream. The handle is cached per device and the default workspace per
+// (device, stream); nothing here synchronises the host or allocates while the stream is capturing a CUDA graph.
+// Invariant: every cuBLASLt status is checked and turned into a message with the shapes, formats and arch.
+#include <cublasLt.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "gemm.h"
+
+namespace te {
+namespace {
+
+constexpr size_t kWorkspaceAlign = 256;
+
+std::string arch_of_current_device() {
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    return "cuda";
+  }
+  return "sm_" + std::to_string(major) + std::to_string(minor);
+}
+
+std::string operand_str(const char* name, const GemmOperand& x) {
+  return std::string(name) + " [" + std::to_string(x.rows) + ", " + std::to_string(x.cols) + "] " +
+         dtype_short_name(x.dtype) + (x.trans ? " (T)" : " (N)");
+}
+
+// "A [..] E4M3 (T), B [..] E4M3 (N), D [n, m] bf16, epilogue gelu_aux_bias, sm_90": what every error carries.
+std::string describe(const GemmArgs& g) {
+  const GemmDims d = gemm_dims(g);
+  return operand_str("A", g.a) + ", " + operand_str("B", g.b) + ", D [" + std::to_string(d.n) + ", " +
+         std::to_string(d.m) + "] " + dtype_short_name(g.d_dtype) + ", epilogue " + gemm_epilogue_name(g.epilogue) +
+         ", " + arch_of_current_device();
+}
+
+void check_lt(cublasStatus_t st, const char* what, const GemmArgs& g) {
+  if (st == CUBLAS_STATUS_SUCCESS) return;
+  core_fail(std::string("generic_gemm: cuBLASLt ") + what + " failed with " + cublasLtGetStatusName(st) + " (" +
+            describe(g) + ", cuBLASLt " + std::to_string(cublasLtGetVersion()) + ")");
+}
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  core_fail(std::string("generic_gemm: ") + what + " failed: " + cudaGetErrorString(e));
+}
+
+cudaDataType_t cuda_type(DType d) {
+  switch (d) {
+    case DType::kFloat32: return CUDA_R_32F;
+    case DType::kFloat16: return CUDA_R_16F;
+    case DType::kBFloat16: return CUDA_R_16BF;
+    case DType::kFloat8E4M3: return CUDA_R_8F_E4M3;
+    case DType::kFloat8E5M2: return CUDA_R_8F_E5M2;
+    default: break;
+  }
+  core_fail(std::string("generic_gemm: dtype ") + dtype_short_name(d) +
+            " has no cuBLASLt type here; accepted: fp32, fp16, bf16, E4M3, E5M2");
+}
+
+bool is_fp8(DType d) { return d == DType::kFloat8E4M3 || d == DType::kFloat8E5M2; }
+
+// Largest power of two (<= 256) dividing the address: the heuristics otherwise assume 256-byte alignment and may
+// pick a kernel that faults on a row slice of a larger buffer (grouped single_output, views).
+uint32_t alignment_of(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al /= 2;
+  return al;
+}
+
+// ---- per-device handle, per-(device, stream) workspace -----------------------------------------------------
+struct Caches {
+  std::mutex mu;
+  std::map<int, cublasLtHandle_t> handles;
+  std::map<std::pair<int, cudaStream_t>, std::pair<void*, size_t>> workspaces;
+};
+Caches& caches() {
+  static Caches* c = new Caches();  // leaked on purpose: destroying handles at exit races the CUDA runtime teardown
+  return *c;
+}
+
+cublasLtHandle_t handle_for(int dev, const GemmArgs& g) {
+  Caches& c = caches();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.handles.find(dev);
+  if (it != c.handles.end()) return it->second;
+  cublasLtHandle_t h = nullptr;
+  check_lt(cublasLtCreate(&h), "handle creation", g);
+  c.handles[dev] = h;
+  return h;
+}
+
+// The cached workspace of (dev, stream), at least `bytes` long. A new or larger buffer is allocated only when
+// the stream is not capturing: cudaMalloc inside a capture would be recorded nowhere and break the graph.
+std::pair<void*, size_t> workspace_for(int dev, cudaStream_t stream, size_t bytes) {
+  Caches& c = caches();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto& slot = c.workspaces[{dev, stream}];
+  if (slot.first != nullptr && slot.second >= bytes) return slot;
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream, &cap), "cudaStreamIsCapturing");
+  if (cap != cudaStreamCaptureStatusNone) {
+    core_fail("generic_gemm: no cuBLASLt workspace of " + std::to_string(bytes) + " bytes is cached for this stream "
+              "on device " + std::to_string(dev) + " and the stream is capturing a CUDA graph, where no memory may "
+              "be allocated. Run one GEMM on the capture stream before capturing (warm-up), or pass a workspace "
+              "tensor to generic_gemm");
+  }
+  if (slot.first != nullptr) {
+    // A larger default was asked for (rare: torch's workspace setting changed). Queued work may still use the old
+    // buffer, so wait for the stream once before freeing it.
+    check_cuda(cudaStreamSynchronize(stream), "waiting for the stream before replacing the cuBLASLt workspace");
+    check_cuda(cudaFree(slot.first), "freeing the old cuBLASLt workspace");
+    slot = {nullptr, 0};
+  }
+  void* p = nullptr;
+  check_cuda(cudaMalloc(&p, bytes + kWorkspaceAlign), "allocating the cuBLASLt workspace");
+  slot = {p, bytes + kWorkspaceAlign};
+  return slot;
+}
+
+// RAII holders so that an early error never leaks a descriptor.
+struct Desc {
+  cublasLtMatmulDesc_t d = nullptr;
+  ~Desc() { if (d) cublasLtMatmulDescDestroy(d); }
+};
+struct Layout {
+  cublasLtMatrixLayout_t l = nullptr;
+  ~Layout() { if (l) cublasLtMatrixLayoutDestroy(l); }
+};
+struct Pref {
+  cublasLtMatmulPreference_t p = nullptr;
+  ~Pref() { if (p) cublasLtMatmulPreferenceDestroy(p); }
+};
+
+template <typename T>
+void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const T& v, const char* name,
+              const GemmArgs& g) {
+  check_lt(cublasLtMatmulDescSetAttribute(d, a, &v, sizeof(T)), name, g);
+}
+
+// The one switch over scale modes (SPEC §6.6): per-tensor FP8 passes its scale_inv pointer; the block formats
+// are named and refused until their tensors and kernels land.
+void set_operand_scaling(cublasLtMatmulDesc_t desc, const GemmOperand& x, bool is_a, const GemmArgs& g) {
+  const cublasLtMatmulDescAttributes_t ptr_attr =
+      is_a ? CUBLASLT_MATMUL_DESC_A_SCALE_POINTER : CUBLASLT_MATMUL_DESC_B_SCALE_POINTER;
+  switch (x.scaling) {
+    case GemmScaling::kNone: return;
+    case GemmScaling::kFp8PerTensor: {
+      const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+      set_attr(desc, is_a ? CUBLASLT_MATMUL_DESC_A_SCALE_MODE : CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode,
+               "scale mode", g);
+      set_attr(desc, ptr_attr, static_cast<const void*>(x.scale_inv), "scale pointer", g);
+      return;
+    }
+    case GemmScaling::kMxfp8:
+    case GemmScaling::kNvfp4:
+    case GemmScaling::kFp8Block1d:
+    case GemmScaling::kFp8Block2d: break;
+  }
+  core_fail(std::string("generic_gemm: not yet supported: ") + gemm_scaling_name(x.scaling) + " operand " +
+            (is_a ? "A" : "B") + " in the cuBLASLt path (" + describe(g) + ")");
+}
+
+cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kNone: return CUBLASLT_EPILOGUE_DEFAULT;
+    case GemmEpilogue::kBias: return CUBLASLT_EPILOGUE_BIAS;
+    case GemmEpilogue::kGeluAux: return CUBLASLT_EPILOGUE_GELU_AUX;
+    case GemmEpilogue::kGeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case GemmEpilogue::kDGelu: return CUBLASLT_EPILOGUE_DGELU;
+    case GemmEpilogue::kDGeluBGrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case GemmEpilogue::kBGradB: return CUBLASLT_EPILOGUE_BGRADB;
+  }
+  return CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+// The row-major request as cuBLAS's column-major problem (see gemm.h): operand X [rows, cols] row-major is the
+// column-major [cols, rows] matrix with ld = cols, and its flag passes through as the cuBLAS op.
+struct Canonical {
+  GemmDims dims;
+  cublasOperation_t op_a, op_b;
+  uint64_t a_rows, a_cols, b_rows, b_cols;  // column-major layout sizes
+  int64_t lda, ldb, ldd;
+};
+Canonical canonicalize(const GemmArgs& g) {
+  Canonical c;
+  c.dims = gemm_dims(g);
+  c.op_a = g.a.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  c.op_b = g.b.trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+  c.a_rows = uint64_t(g.a.cols);
+  c.a_cols = uint64_t(g.a.rows);
+  c.b_rows = uint64_t(g.b.cols);
+  c.b_cols = uint64_t(g.b.rows);
+  c.lda = g.a.cols;
+  c.ldb = g.b.cols;
+  c.ldd = c.dims.m;
+  // Hopper/Ada FP8 kernels exist for TN only; the bridge picks the stored copies so that this holds.
+  if ((g.a.scaling == GemmScaling::kFp8PerTensor || g.b.scaling == GemmScaling::kFp8PerTensor) &&
+      !(g.a.trans && !g.b.trans)) {
+    core_fail("generic_gemm: per-tensor FP8 operands must reach cuBLASLt as TN (A transposed, B not); pass the "
+              "copy whose scaling runs along the contraction dim (" + describe(g) + ")");
+  }
+  return c;
+}
+
+}  // namespace
+
+size_t cublaslt_version() { return cublasLtGetVersion(); }
+
+void gemm_cublaslt(const GemmArgs& g, size_t default_workspace_bytes, cudaStream_t stream) {
+  const Canonical c = canonicalize(g);
+  if (c.dims.m == 0 || c.dims.n == 0 || c.dims.k == 0) {
+    core_fail("generic_gemm: the cuBLASLt path needs m, n, k > 0; the bridge handles empty GEMMs (" + describe(g) +
+              ")");
+  }
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  cublasLtHandle_t handle = handle_for(dev, g);
+
+  const bool fp8_in = is_fp8(g.a.dtype) || is_fp8(g.b.dtype);
+  const bool fp32_in = g.a.dtype == DType::kFloat32;
+  const cublasComputeType_t compute =
+      (fp32_in && g.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+
+  Desc desc;
+  check_lt(cublasLtMatmulDescCreate(&desc.d, compute, CUDA_R_32F), "descriptor creation", g);
+  set_attr(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, c.op_a, "TRANSA", g);
+  set_attr(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, c.op_b, "TRANSB", g);
+  set_operand_scaling(desc.d, g.a, true, g);
+  set_operand_scaling(desc.d, g.b, false, g);
+  if (fp8_in) {
+    const int8_t fast = g.fast_accum ? 1 : 0;
+    set_attr(desc.d, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast, "FAST_ACCUM", g);
+  }
+  const bool fp8_out = is_fp8(g.d_dtype);
+  if (fp8_out) {
+    set_attr(desc.d, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(g.d_scale), "D_SCALE_POINTER", g);
+    set_attr(desc.d, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(g.d_amax), "AMAX_D_POINTER", g);
+  }
+  const cublasLtEpilogue_t epi = lt_epilogue(g.epilogue);
+  set_attr(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE, epi, "EPILOGUE", g);
+  switch (g.epilogue) {
+    case GemmEpilogue::kBias:
+    case GemmEpilogue::kGeluAuxBias:
+      set_attr(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, "BIAS_POINTER", g);
+      break;
+    case GemmEpilogue::kDGeluBGrad:
+    case GemmEpilogue::kBGradB:
+      set_attr(desc.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(g.bias_grad), "BIAS_POINTER", g);
+      break;
+    default: break;
+  }
+  if (g.epilogue != GemmEpilogue::kNone && g.epilogue != GemmEpilogue::kGeluAux && g.epilogue != GemmEpilogue::kDGelu) {
+    const int32_t bt = cuda_type(g.bias_dtype);
+    set_attr(desc.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bt, "BIAS_DATA_TYPE", g);
+  }
+  const bool has_aux = g.epilogue == GemmEpilogue::kGeluAux || g.epilogue == GemmEpilogue::kGeluAuxBias ||
+                       g.epilogue == GemmEpilogue::kDGelu || g.epilogue == GemmEpilogue::kDGeluBGrad;
+  if (has_aux) {
+    set_attr(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.aux), "AUX_POINTER", g);
+    const int64_t ld = c.ldd;
+    set_attr(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, ld, "AUX_LD", g);
+    if (g.aux_dtype != g.d_dtype) {
+      const int32_t at = cuda_type(g.aux_dtype);
+      set_attr(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, at, "AUX_DATA_TYPE", g);
+    }
+  }
+
+  // C is D (read only when beta != 0). With an FP8 D, C must be 16-bit; beta is 0 there (the bridge refuses
+  // accumulation into FP8), so C is described as bias-typed and never read.
+  const DType c_dtype = fp8_out ? (g.bias_dtype == DType::kFloat16 ? DType::kFloat16 : DType::kBFloat16) : g.d_dtype;
+  Layout la, lb, lc, ld;
+  check_lt(cublasLtMatrixLayoutCreate(&la.l, cuda_type(g.a.dtype), c.a_rows, c.a_cols, c.lda), "layout A", g);
+  check_lt(cublasLtMatrixLayoutCreate(&lb.l, cuda_type(g.b.dtype), c.b_rows, c.b_cols, c.ldb), "layout B", g);
+  check_lt(cublasLtMatrixLayoutCreate(&lc.l, cuda_type(c_dtype), uint64_t(c.dims.m), uint64_t(c.dims.n), c.ldd),
+           "layout C", g);
+  check_lt(cublasLtMatrixLayoutCreate(&ld.l, cuda_type(g.d_dtype), uint64_t(c.dims.m), uint64_t(c.dims.n), c.ldd),
+           "layout D", g);
+
+  // Workspace: the caller's, or the cached one; aligned to 256 B either way.
+  void* ws = g.workspace;
+  size_t ws_bytes = g.workspace_bytes;
+  if (ws == nullptr) {
+    const auto slot = workspace_for(dev, stream, default_workspace_bytes);
+    ws = slot.first;
+    ws_bytes = slot.second;
+  }
+  const uintptr_t raw = reinterpret_cast<uintptr_t>(ws);
+  const uintptr_t aligned = (raw + kWorkspaceAlign - 1) & ~uintptr_t(kWorkspaceAlign - 1);
+  const size_t lost = size_t(aligned - raw);
+  ws_bytes = ws_bytes > lost ? ws_bytes - lost : 0;
+  if (ws_bytes > default_workspace_bytes && g.workspace == nullptr) ws_bytes = default_workspace_bytes;
+  ws = reinterpret_cast<void*>(aligned);
+
+  Pref pref;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref.p), "preference creation", g);
+  const uint64_t ws_pref = ws_bytes;
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_pref,
+                                                sizeof(ws_pref)),
+           "workspace preference", g);
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> aligned_ptrs[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g.a.data}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g.b.data},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g.d}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g.d}};
+  for (const auto& ap : aligned_ptrs) {
+    const uint32_t al = alignment_of(ap.second);
+    check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, ap.first, &al, sizeof(al)), "alignment preference", g);
+  }
+
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle, desc.d, la.l, lb.l, lc.l, ld.l, pref.p, 1, &heur,
+                                                           &found);
+  if (hs != CUBLAS_STATUS_SUCCESS || found == 0) {
+    throw GemmNoKernel(std::string("generic_gemm: cuBLASLt has no kernel for this GEMM (") + describe(g) + ", m=" +
+              std::to_string(c.dims.m) + " n=" + std::to_string(c.dims.n) + " k=" + std::to_string(c.dims.k) +
+              ", workspace " + std::to_string(ws_bytes) + " B, status " + cublasLtGetStatusName(hs) +
+              "). Try another output dtype or epilogue, or keep this layer in bf16");
+  }
+  const float alpha = g.alpha, beta = g.beta;
+  check_lt(cublasLtMatmul(handle, desc.d, &alpha, g.a.data, la.l, g.b.data, lb.l, &beta, g.d, lc.l, g.d, ld.l,
+                          &heur.algo, ws, ws_bytes, stream),
+           "matmul", g);
+}
+
+}  // namespace te

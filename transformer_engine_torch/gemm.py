@@ -1,0 +1,367 @@
+"""GEMM (SPEC §6): `generic_gemm` (TE's positional order), `general_gemm`, and the grouped list forms.
+
+Row-major meaning: D = alpha·op(B)·op(A) + beta·D_in (+ epilogue), op(X) = Xᵀ when its flag is set; TN is fprop
+(A = W, B = X), NN dgrad (A = W, B = dY), NT wgrad (A = X, B = dY). Quantized tensors stay in Python: this file
+picks the stored copy each operand needs (SPEC §6.4) and passes its codes, scale_inv and DType code to the one
+`te::gemm` op, which writes into buffers allocated here.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
+from .quantizers import Float8Quantizer, Quantizer, check_quantizer
+from .tensors import Float8Tensor, QuantizedTensor, _transposed_shape
+
+_GEMM = torch.ops.te.gemm.default
+_PLAIN_CODES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),
+                torch.bfloat16: int(DType.kBFloat16)}
+_LAYOUTS = ("TN", "NN", "NT", "TT")
+# Block formats run through the documented emulation (SPEC §6.7): the copy §6.4 picks, dequantized on the device,
+# then a plain GEMM. Class name -> (contraction-dim multiple, format name) of the SPEC §6.5 rule.
+_EMULATED = {"MXFP8Tensor": (32, "MXFP8"), "NVFP4Tensor": (32, "NVFP4"), "Float8BlockwiseQTensor": (16, "FP8 block")}
+
+
+def _flat2d(shape):
+    """(rows, cols) of the SPEC's flattened view: last dim = cols, 0-d = 1x1."""
+    if len(shape) == 0:
+        return 1, 1
+    rows = 1
+    for s in shape[:-1]:
+        rows *= s
+    return rows, shape[-1]
+
+
+def _describe(x):
+    if isinstance(x, Float8Tensor):
+        return f"Float8Tensor{list(x.shape)} {x._fp8_dtype.name[len('kFloat8'):]}"
+    if isinstance(x, QuantizedTensor):
+        return f"{type(x).__name__}{list(x.shape)}"
+    return f"{x.dtype}{list(x.shape)}"
+
+
+def _emulated_operands(A, transA, B, transB, layout):
+    """SPEC §6.7 for block-format operands: checks the §6.5/§6.3 rules on the logical shapes, then dequantizes the
+    copy whose scaling runs along the contraction dim (A: rowwise iff transA; B: rowwise iff not transB) to bf16
+    on a GPU or exactly to FP32 on the CPU. Returns the plain operands."""
+    ka, kb = type(A).__name__, type(B).__name__
+    if ka != kb:
+        raise TypeError(f"generic_gemm: A ({_describe(A)}) and B ({_describe(B)}) must use one scaling format "
+                        f"(mixed operands are not supported); quantize both the same way")
+    mult, fmt = _EMULATED[ka]
+    a_rows, a_cols = _flat2d(tuple(A.shape))
+    m, k = (a_rows, a_cols) if transA else (a_cols, a_rows)
+    where = f"(A {_describe(A)}, B {_describe(B)}, layout {layout})"
+    if k % mult:
+        raise ValueError(f"generic_gemm: {fmt} GEMM needs the contraction dim K to be a multiple of {mult}, got K={k} "
+                         f"{where}. Pad K to {(k + mult - 1) // mult * mult} or keep this layer in bf16")
+    if m % 16:
+        raise ValueError(f"generic_gemm: {fmt} GEMM needs the output's last dim N to be a multiple of 16, got N={m} "
+                         f"{where}. Pad it to {(m + 15) // 16 * 16} or keep this layer in bf16")
+    if getattr(A, "_is_2D_scaled", False) and getattr(B, "_is_2D_scaled", False):
+        raise ValueError(f"generic_gemm: FP8 block 2-D x 2-D has no kernel {where}; quantize one operand with "
+                         f"block_scaling_dim=1")
+    out = []
+    for name, x, trans in (("A", A, transA), ("B", B, transB)):
+        rowwise = trans if name == "A" else not trans
+        field = "_rowwise_data" if rowwise else "_columnwise_data"
+        if getattr(x, field, None) is None:
+            use = "transposed" if trans else "non-transposed"
+            raise ValueError(f"generic_gemm: {name} ({_describe(x)}) is used {use}"
+                             f" (layout {layout}) in a {fmt} GEMM, which needs {name}'s {field[1:-5]} copy; quantize "
+                             f"it with {field[1:-5]}=True")
+        y = copy.copy(x)  # a view that holds only the copy to use: dequantize reads rowwise first, else columnwise
+        if not rowwise:
+            y._rowwise_data = None
+        out.append(y.dequantize(torch.float32 if x.device.type == "cpu" else torch.bfloat16))
+    return out
+
+
+def _operand(name, x, trans, layout):
+    """(tensor, scale_inv or None, DType code, trans as the kernel sees it) for operand `name`.
+
+    Per-tensor FP8 always runs as TN (SPEC §6.4, the sm_90 rule, applied on every device): A uses its rowwise
+    copy iff transA, B iff not transB; the other use takes `_transpose` with the flag flipped."""
+    if isinstance(x, Float8Tensor):
+        rowwise = trans if name == "A" else not trans
+        if rowwise:
+            if x._data is None:
+                raise ValueError(
+                    f"generic_gemm: {name} ({_describe(x)}) is used {'transposed' if trans else 'non-transposed'} "
+                    f"(layout {layout}) in an FP8 GEMM, which needs {name}'s rowwise copy; quantize it with "
+                    f"rowwise=True or call update_usage(rowwise_usage=True)")
+            return x._data, x._scale_inv, int(x._fp8_dtype), trans
+        if x._transpose is None:
+            raise ValueError(
+                f"generic_gemm: {name} ({_describe(x)}) is used {'transposed' if trans else 'non-transposed'} "
+                f"(layout {layout}) in an FP8 GEMM, which runs as TN and needs {name}'s columnwise copy; quantize it "
+                f"with columnwise=True or call update_usage(columnwise_usage=True)")
+        return x._transpose, x._scale_inv, int(x._fp8_dtype), not trans
+    if isinstance(x, QuantizedTensor):
+        raise NotImplementedError(
+            f"generic_gemm: not yet supported: {type(x).__name__} operand {name} ({_describe(x)}, layout {layout}). "
+            f"Supported operands: fp32/fp16/bf16 tensors and Float8Tensor; dequantize it to bf16 first")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"generic_gemm: {name} must be a torch.Tensor or a quantized tensor, got {type(x).__name__}")
+    if x.dtype not in _PLAIN_CODES:
+        raise TypeError(f"generic_gemm: {name} must be float32, float16, bfloat16 or a quantized tensor, got "
+                        f"{x.dtype} with shape {list(x.shape)}")
+    return x, None, _PLAIN_CODES[x.dtype], trans
+
+
+def _out_shape(A, transA, B, transB):
+    a_rows, a_cols = _flat2d(tuple(A.shape))
+    last = a_rows if transA else a_cols
+    if transB:
+        return (_flat2d(tuple(B.shape))[1], last)
+    return tuple(B.shape[:-1]) + (last,) if len(B.shape) else (1, last)
+
+
+def _hp_dtype(value, default, what):
+    if value is None:
+        return default
+    dt = to_torch_dtype(value, what) if not isinstance(value, torch.dtype) else value
+    if dt == torch.uint8 or as_dtype(dt, what) == DType.kFloat4E2M1:
+        raise ValueError(f"generic_gemm: FP4 output is not supported ({what}={value}); request bf16/fp32 output and "
+                         f"quantize it afterwards")
+    return dt
+
+
+def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gelu, gelu_in, grad, workspace,
+          workspace_size, accumulate, use_split_accumulator, alpha, beta, pre_gelu_buf=None, bias_grad_buf=None):
+    transA, transB = bool(transA), bool(transB)
+    layout = ("T" if transA else "N") + ("T" if transB else "N")
+    check_quantizer("generic_gemm", quantizer)
+    nominal = A.dtype
+    if type(A).__name__ in _EMULATED or type(B).__name__ in _EMULATED:
+        A, B = _emulated_operands(A, transA, B, transB, layout)
+    a, a_sinv, a_code, ta = _operand("A", A, transA, layout)
+    b, b_sinv, b_code, tb = _operand("B", B, transB, layout)
+    fp8_in = a_sinv is not None
+    if a.device != b.device:
+        raise ValueError(f"generic_gemm: operands must be on one device, got A {_describe(A)} on {a.device}, "
+                         f"B {_describe(B)} on {b.device}; move them with .to(device)")
+    if output_dtype is not None and as_dtype(output_dtype, "generic_gemm: output_dtype") == DType.kFloat4E2M1:
+        raise ValueError("generic_gemm: FP4 output is not supported (output_dtype=kFloat4E2M1); request bf16/fp32 "
+                         "output and quantize it to NVFP4 afterwards")
+    out_dt = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype")
+    if out_dt in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ValueError(f"generic_gemm: output_dtype {out_dt} needs an FP8 quantizer: pass a Float8Quantizer as "
+                         f"`quantizer` and a 16-bit or fp32 output_dtype (the nominal dtype)")
+    if out_dt not in FLOAT_DTYPES:
+        raise TypeError(f"generic_gemm: output_dtype must be float32, float16 or bfloat16, got {out_dt}")
+    if beta is None:
+        beta = 1.0 if accumulate else 0.0
+    elif not accumulate and beta != 0:
+        raise ValueError(f"generic_gemm: beta={beta} reads D, which needs accumulate=True")
+    if accumulate and D is None:
+        raise ValueError("generic_gemm: accumulate=True needs D, the output to accumulate into")
+    out_shape = _out_shape(A, transA, B, transB)
+    dev = a.device
+    fp8_out = isinstance(quantizer, Float8Quantizer) and fp8_in
+    hp16 = to_torch_dtype(bias_type, "generic_gemm: bias_type") if bias_type is not None else torch.bfloat16
+    if hp16 not in FLOAT_DTYPES:
+        raise TypeError(f"generic_gemm: bias_type must be float32, float16 or bfloat16, got {hp16}")
+    vec_dt = hp16 if fp8_out else out_dt  # dtype of a bias gradient (SPEC §6.2)
+
+    # Output buffers.
+    d_code = _PLAIN_CODES[out_dt]
+    d_scale = d_amax = d_sinv = None
+    d_user = D
+    if fp8_out:
+        d_code = int(quantizer.dtype)
+        if D is None:
+            d_buf = torch.empty(out_shape, dtype=torch.uint8, device=dev)
+            d_sinv = torch.empty(1, dtype=torch.float32, device=dev)
+        elif isinstance(D, Float8Tensor) and D._data is not None:
+            d_buf, d_sinv = D._data, D._scale_inv
+        else:
+            raise TypeError(f"generic_gemm: with a Float8Quantizer and FP8 operands D must be None or a Float8Tensor "
+                            f"with a rowwise copy, got {type(D).__name__}")
+        d_scale, d_amax = quantizer.scale, quantizer.amax
+    elif quantizer is not None or isinstance(D, QuantizedTensor):
+        d_buf = torch.empty(out_shape, dtype=out_dt, device=dev)  # quantized after the GEMM
+    elif D is None:
+        d_buf = torch.empty(out_shape, dtype=out_dt, device=dev)
+    else:
+        if not isinstance(D, torch.Tensor):
+            raise TypeError(f"generic_gemm: D must be a torch.Tensor, got {type(D).__name__}")
+        if tuple(D.shape) != tuple(out_shape) and D.numel() != _flat2d(out_shape)[0] * out_shape[-1]:
+            raise ValueError(f"generic_gemm: D has shape {list(D.shape)} but op(B)·op(A) of A {_describe(A)}, "
+                             f"B {_describe(B)} (layout {layout}) has shape {list(out_shape)}")
+        if D.dtype != out_dt:
+            raise TypeError(f"generic_gemm: D is {D.dtype} but output_dtype is {out_dt}")
+        d_buf = D
+
+    pre_gelu = bias_grad = None
+    op_bias = bias
+    if gelu and not grad:
+        aux_dt = hp16 if fp8_in else out_dt
+        pre_gelu = pre_gelu_buf if pre_gelu_buf is not None else torch.empty(out_shape, dtype=aux_dt, device=dev)
+    if gelu and grad and gelu_in is None:
+        raise ValueError("generic_gemm: gelu=True with grad=True (DGELU) needs gelu_in, the saved pre-activation")
+    if grad and bias is not None:
+        op_bias = None
+        if gelu:
+            n = out_shape[-1]
+        else:
+            if not transB:
+                raise ValueError(f"generic_gemm: the bias gradient without gelu is the wgrad case (layout NT, B = dY); "
+                                 f"got layout {layout} with B {_describe(B)}")
+            n = B.shape[-1] if len(B.shape) else 1
+        bias_grad = bias_grad_buf if bias_grad_buf is not None else torch.empty(n, dtype=vec_dt, device=dev)
+    if isinstance(workspace, torch.Tensor) and workspace.numel() == 0:
+        workspace = None
+    _GEMM(a, a_sinv, a_code, ta, b, b_sinv, b_code, tb, d_buf, d_code, op_bias, bias_grad, pre_gelu,
+          gelu_in if (gelu and grad) else None, d_scale, d_amax, d_sinv, workspace, int(workspace_size or 0),
+          bool(gelu), bool(grad), bool(use_split_accumulator), float(alpha), float(beta))
+
+    if fp8_out:
+        out = d_user if d_user is not None else Float8Tensor._from_op(
+            torch.Size(out_shape), out_dt, d_buf, d_sinv, None, quantizer.dtype, quantizer)
+        out._fp8_dtype = quantizer.dtype
+        if quantizer.columnwise_usage:
+            k = out_shape[-1]
+            out._transpose = torch.ops.te.fp8_transpose.default(d_buf.reshape(-1, k)).reshape(
+                _transposed_shape(out_shape))
+            out._transpose_invalid = False
+        if not quantizer.rowwise_usage and out._transpose is not None:
+            out._data = None
+    elif quantizer is not None:
+        from .cast import quantize
+
+        out = quantize(d_buf, quantizer, D if isinstance(D, QuantizedTensor) else None)
+    elif isinstance(D, QuantizedTensor):
+        raise TypeError("generic_gemm: a quantized D needs the quantizer that fills it")
+    else:
+        out = d_buf
+    return out, bias_grad, pre_gelu
+
+
+def generic_gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gelu, gelu_in, grad, workspace,
+                 workspace_size, accumulate, use_split_accumulator, comm_overlap=None, comm_type=None,
+                 extra_output=None, bulk_overlap=False, alpha=1.0, beta=None):
+    """TE's `generic_gemm` (SPEC §6.1-6.5): returns [D, bias_grad, pre_gelu_out, extra_output]."""
+    if comm_overlap is not None or comm_type is not None or bulk_overlap:
+        raise NotImplementedError("generic_gemm: comm+GEMM overlap is out of scope; pass comm_overlap=None, "
+                                  "comm_type=None, bulk_overlap=False")
+    out, bias_grad, pre_gelu = _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gelu,
+                                     gelu_in, grad, workspace, workspace_size, accumulate, use_split_accumulator,
+                                     alpha, beta)
+    return [out, bias_grad, pre_gelu, extra_output]
+
+
+def general_gemm(A, B, out_dtype=None, quantization_params=None, gelu=False, gelu_in=None, alpha=1.0, beta=None,
+                 accumulate=False, layout="TN", out=None, bias=None, use_split_accumulator=False, grad=False, *,
+                 quantizer=None):
+    """TE-style convenience (SPEC §6.8): `layout` = transA + transB ("TN" fprop, "NN" dgrad, "NT" wgrad); returns
+    (out, bias_grad, gelu_input, extra_output). The workspace is the cached one of the current device and stream."""
+    if quantizer is not None and quantization_params is not None and quantizer is not quantization_params:
+        raise ValueError("general_gemm: pass the output quantizer as `quantizer` or `quantization_params`, not both")
+    q = quantizer if quantizer is not None else quantization_params
+    if layout not in _LAYOUTS:
+        raise ValueError(f"general_gemm: layout must be one of {', '.join(_LAYOUTS)}, got {layout!r}")
+    bias_type = bias.dtype if bias is not None else torch.bfloat16
+    d, bgrad, pre, extra = generic_gemm(A, layout[0] == "T", B, layout[1] == "T", out, q, out_dtype, bias, bias_type,
+                                        gelu, gelu_in, grad, None, 0, accumulate, use_split_accumulator,
+                                        alpha=alpha, beta=beta)
+    return d, bgrad, pre, extra
+
+
+def _item(lst, i):
+    if lst is None or len(lst) == 0:
+        return None
+    t = lst[i] if i < len(lst) else None
+    return t if t is not None and (not isinstance(t, torch.Tensor) or t.numel() > 0) else None
+
+
+def te_general_grouped_gemm(A, transa, B, transb, D, D_type, m_splits, bias, bias_type, single_output, pre_gelu_out,
+                            grad, workspace, workspaceSize, accumulate, use_split_accumulator, math_sm_count=0):
+    """TE's list API (SPEC §6.9): GEMM i is generic_gemm(A[i], transa, B[i], transb, D[i], ...). A non-empty
+    pre_gelu_out[i] turns on GELU (forward: written; grad: read as gelu_in); a non-empty bias[i] adds the bias
+    (forward) or receives the bias gradient (grad). `single_output` writes into row slices of D[0] split by
+    m_splits. Returns the bias list (with the gradients written in when grad)."""
+    if len(A) != len(B):
+        raise ValueError(f"te_general_grouped_gemm: got {len(A)} A operands and {len(B)} B operands")
+    if D is None:
+        raise ValueError("te_general_grouped_gemm: D must be a list of outputs (or [D] with single_output)")
+    n = len(A)
+    if single_output:
+        if D is None or len(D) != 1 or m_splits is None or len(m_splits) != n:
+            raise ValueError("te_general_grouped_gemm: single_output needs one D and m_splits with one entry per GEMM")
+        if sum(m_splits) != _flat2d(tuple(D[0].shape))[0]:
+            raise ValueError(f"te_general_grouped_gemm: m_splits sum to {sum(m_splits)} but D[0] has "
+                             f"{_flat2d(tuple(D[0].shape))[0]} rows")
+        d2 = D[0].reshape(-1, D[0].shape[-1])
+        outs, off = [], 0
+        for m in m_splits:
+            outs.append(d2[off:off + m])
+            off += m
+    else:
+        if len(D) != n:
+            raise ValueError(f"te_general_grouped_gemm: got {len(D)} outputs for {n} GEMMs")
+        outs = list(D)
+    bias_out = list(bias) if bias is not None else [None] * n
+    for i in range(n):
+        b_i = _item(bias, i)
+        g_i = _item(pre_gelu_out, i)
+        ws = _item(workspace, i % len(workspace)) if workspace else None
+        _, bgrad, _ = _gemm(A[i], transa, B[i], transb, outs[i], None, D_type, b_i, bias_type, g_i is not None,
+                              g_i if grad else None, grad, ws, workspaceSize if ws is not None else 0, accumulate,
+                              use_split_accumulator, 1.0, None, pre_gelu_buf=None if grad else g_i,
+                              bias_grad_buf=b_i if (grad and b_i is not None) else None)
+        if grad and bgrad is not None:
+            bias_out[i] = bgrad
+    return bias_out
+
+
+def general_grouped_gemm(A, B, out, quantization_params, out_dtype, layout="TN", m_splits=None, gelu=False,
+                         grad=False, accumulate=False, bias=None, use_bias=False, use_split_accumulator=False,
+                         D_dtype=None, single_output=False):
+    """Python list form (SPEC §6.9) over te_general_grouped_gemm: returns (out, bias or bias-gradient list,
+    gelu inputs). `out` may be None (allocated here, one tensor per GEMM)."""
+    if layout not in _LAYOUTS:
+        raise ValueError(f"general_grouped_gemm: layout must be one of {', '.join(_LAYOUTS)}, got {layout!r}")
+    if quantization_params is not None and any(q is not None for q in quantization_params):
+        raise NotImplementedError("general_grouped_gemm: output quantizers are not supported yet; quantize the "
+                                  "outputs afterwards")
+    if gelu and grad:
+        raise ValueError("general_grouped_gemm: gelu with grad needs the saved pre-activations; use "
+                         "te_general_grouped_gemm with pre_gelu_out")
+    n = len(A)
+    transa, transb = layout[0] == "T", layout[1] == "T"
+    dt = D_dtype if D_dtype is not None else out_dtype
+    shapes = [_out_shape(A[i], transa, B[i], transb) for i in range(n)]
+    hp = [to_torch_dtype(dt) if dt is not None else
+          (torch.bfloat16 if isinstance(A[i], QuantizedTensor) and A[i].dtype not in FLOAT_DTYPES else A[i].dtype)
+          for i in range(n)]
+    devs = [B[i].device for i in range(n)]
+    if out is None:
+        if single_output:
+            raise ValueError("general_grouped_gemm: single_output needs `out` = [D]")
+        out = [torch.empty(shapes[i], dtype=hp[i], device=devs[i]) for i in range(n)]
+    gelu_in = [torch.empty(shapes[i], dtype=hp[i], device=devs[i]) for i in range(n)] if gelu else None
+    if use_bias and grad:
+        bias = [torch.empty(B[i].shape[-1] if len(B[i].shape) else 1, dtype=hp[i], device=devs[i]) for i in range(n)]
+    elif not use_bias:
+        bias = None
+    bias_type = bias[0].dtype if bias else torch.bfloat16
+    bias = te_general_grouped_gemm(A, transa, B, transb, out, dt, m_splits, bias, bias_type, single_output, gelu_in,
+                                   grad, None, 0, accumulate, use_split_accumulator, 0)
+    return out, bias, gelu_in
+
+
+def get_cublasLt_version() -> int:
+    """cuBLASLt version of the loaded library (0 in a CPU-only build)."""
+    return int(torch.ops.te.cublaslt_version.default())
+
+
+def get_num_cublas_streams() -> int:
+    """Streams the grouped GEMM may use; this implementation runs the group in order on the current stream."""
+    return 1
+
+
+__all__ = ["generic_gemm", "general_gemm", "te_general_grouped_gemm", "general_grouped_gemm",
+           "get_cublasLt_version", "get_num_cublas_streams"]
