@@ -74,11 +74,10 @@ uint32_t alignment_of(const void* p) {
   return al;
 }
 
-// ---- per-device handle, per-(device, stream) workspace -----------------------------------------------------
+// ---- per-device handle ----------------------------------------------------------------------------------------
 struct Caches {
   std::mutex mu;
   std::map<int, cublasLtHandle_t> handles;
-  std::map<std::pair<int, cudaStream_t>, std::pair<void*, size_t>> workspaces;
 };
 Caches& caches() {
   static Caches* c = new Caches();  // leaked on purpose: destroying handles at exit races the CUDA runtime teardown
@@ -94,34 +93,6 @@ cublasLtHandle_t handle_for(int dev, const GemmArgs& g) {
   check_lt(cublasLtCreate(&h), "handle creation", g);
   c.handles[dev] = h;
   return h;
-}
-
-// The cached workspace of (dev, stream), at least `bytes` long. A new or larger buffer is allocated only when
-// the stream is not capturing: cudaMalloc inside a capture would be recorded nowhere and break the graph.
-std::pair<void*, size_t> workspace_for(int dev, cudaStream_t stream, size_t bytes) {
-  Caches& c = caches();
-  std::lock_guard<std::mutex> lock(c.mu);
-  auto& slot = c.workspaces[{dev, stream}];
-  if (slot.first != nullptr && slot.second >= bytes) return slot;
-  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-  check_cuda(cudaStreamIsCapturing(stream, &cap), "cudaStreamIsCapturing");
-  if (cap != cudaStreamCaptureStatusNone) {
-    core_fail("generic_gemm: no cuBLASLt workspace of " + std::to_string(bytes) + " bytes is cached for this stream "
-              "on device " + std::to_string(dev) + " and the stream is capturing a CUDA graph, where no memory may "
-              "be allocated. Run one GEMM on the capture stream before capturing (warm-up), or pass a workspace "
-              "tensor to generic_gemm");
-  }
-  if (slot.first != nullptr) {
-    // A larger default was asked for (rare: torch's workspace setting changed). Queued work may still use the old
-    // buffer, so wait for the stream once before freeing it.
-    check_cuda(cudaStreamSynchronize(stream), "waiting for the stream before replacing the cuBLASLt workspace");
-    check_cuda(cudaFree(slot.first), "freeing the old cuBLASLt workspace");
-    slot = {nullptr, 0};
-  }
-  void* p = nullptr;
-  check_cuda(cudaMalloc(&p, bytes + kWorkspaceAlign), "allocating the cuBLASLt workspace");
-  slot = {p, bytes + kWorkspaceAlign};
-  return slot;
 }
 
 // RAII holders so that an early error never leaks a descriptor.
@@ -213,7 +184,7 @@ Canonical canonicalize(const GemmArgs& g) {
 
 size_t cublaslt_version() { return cublasLtGetVersion(); }
 
-void gemm_cublaslt(const GemmArgs& g, size_t default_workspace_bytes, cudaStream_t stream) {
+void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
   const Canonical c = canonicalize(g);
   if (c.dims.m == 0 || c.dims.n == 0 || c.dims.k == 0) {
     core_fail("generic_gemm: the cuBLASLt path needs m, n, k > 0; the bridge handles empty GEMMs (" + describe(g) +
@@ -283,20 +254,14 @@ void gemm_cublaslt(const GemmArgs& g, size_t default_workspace_bytes, cudaStream
   check_lt(cublasLtMatrixLayoutCreate(&ld.l, cuda_type(g.d_dtype), uint64_t(c.dims.m), uint64_t(c.dims.n), c.ldd),
            "layout D", g);
 
-  // Workspace: the caller's, or the cached one; aligned to 256 B either way.
-  void* ws = g.workspace;
-  size_t ws_bytes = g.workspace_bytes;
-  if (ws == nullptr) {
-    const auto slot = workspace_for(dev, stream, default_workspace_bytes);
-    ws = slot.first;
-    ws_bytes = slot.second;
-  }
-  const uintptr_t raw = reinterpret_cast<uintptr_t>(ws);
+  // Workspace (always the caller's: the bridge passes torch's cuBLASLt workspace of the stream when the user gave
+  // none), aligned to 256 B.
+  if (g.workspace == nullptr && g.workspace_bytes > 0) core_fail("generic_gemm: workspace_bytes without a workspace");
+  const uintptr_t raw = reinterpret_cast<uintptr_t>(g.workspace);
   const uintptr_t aligned = (raw + kWorkspaceAlign - 1) & ~uintptr_t(kWorkspaceAlign - 1);
   const size_t lost = size_t(aligned - raw);
-  ws_bytes = ws_bytes > lost ? ws_bytes - lost : 0;
-  if (ws_bytes > default_workspace_bytes && g.workspace == nullptr) ws_bytes = default_workspace_bytes;
-  ws = reinterpret_cast<void*>(aligned);
+  const size_t ws_bytes = g.workspace_bytes > lost ? g.workspace_bytes - lost : 0;
+  void* const ws = reinterpret_cast<void*>(aligned);
 
   Pref pref;
   check_lt(cublasLtMatmulPreferenceCreate(&pref.p), "preference creation", g);

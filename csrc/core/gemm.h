@@ -66,7 +66,7 @@ struct GemmArgs {
   float beta = 0.0f;                 // beta ≠ 0 reads D as D_in
   bool fast_accum = false;           // FP8 per-tensor: cuBLASLt's reduced-precision accumulation
   bool allow_tf32 = true;            // FP32 operands: TF32 tensor cores unless matmul precision is "highest"
-  void* workspace = nullptr;         // null: the cached per-(device, stream) workspace
+  void* workspace = nullptr;         // [workspace_bytes] device memory, stream-ordered (null: none)
   size_t workspace_bytes = 0;
 };
 
@@ -97,9 +97,8 @@ struct GemmNoKernel : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 // cuBLASLt on `stream` (current device). Throws std::invalid_argument (core_fail) with shapes, formats and the
-// cuBLAS status name when the library refuses; never synchronises the host. `default_workspace_bytes` is the size
-// of the cached workspace used when g.workspace is null.
-void gemm_cublaslt(const GemmArgs& g, size_t default_workspace_bytes, cudaStream_t stream);
+// cuBLAS status name when the library refuses; never synchronises the host, never allocates.
+void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream);
 // "cuBLASLt 130200" style version number of the loaded library.
 size_t cublaslt_version();
 #endif

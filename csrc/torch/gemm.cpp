@@ -100,7 +100,7 @@ Tensor bias_grad_of_b(const te::GemmArgs& g, const Tensor& b, const c10::optiona
 // FP32 and the epilogue follows as separate ops with the CPU kernel's math (FP32, one rounding to the output).
 void unfused_epilogue(const te::GemmArgs& g, const te::GemmDims& dm, const Tensor& b, const Tensor& D,
                       const c10::optional<Tensor>& bias, const c10::optional<Tensor>& bias_grad,
-                      const c10::optional<Tensor>& aux, size_t default_ws) {
+                      const c10::optional<Tensor>& aux) {
   Tensor acc = at::empty({dm.n, dm.m}, D.options().dtype(at::kFloat));
   te::GemmArgs p = g;
   p.d = acc.data_ptr();
@@ -110,7 +110,7 @@ void unfused_epilogue(const te::GemmArgs& g, const te::GemmDims& dm, const Tenso
   p.bias = nullptr;
   p.bias_grad = nullptr;
   p.aux = nullptr;
-  run_core([&] { te::gemm_cublaslt(p, default_ws, current_stream()); });
+  run_core([&] { te::gemm_cublaslt(p, current_stream()); });
   Tensor d2 = D.view({dm.n, dm.m});
   Tensor r = acc;
   if (g.beta != 0.0f) r = r + d2.to(at::kFloat) * double(g.beta);
@@ -319,19 +319,23 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
     g.epilogue = te::GemmEpilogue::kNone;
     g.bias_grad = nullptr;
   }
-  const size_t default_ws = at::cuda::getCUDABlasLtWorkspaceSize();
+  if (g.workspace == nullptr) {
+    // torch's cuBLASLt workspace of this stream (the one torch's own matmuls use, allocated by its caching
+    // allocator, so also under CUDA-graph capture).
+    g.workspace = at::cuda::getCUDABlasLtWorkspace();
+    g.workspace_bytes = at::cuda::getCUDABlasLtWorkspaceSize();
+  }
   bool fused = true;
   run_core([&] {
     try {
-      te::gemm_cublaslt(g, default_ws, current_stream());
+      te::gemm_cublaslt(g, current_stream());
     } catch (const te::GemmNoKernel&) {
       if (g.epilogue == te::GemmEpilogue::kNone || fp8_out) throw;
       fused = false;
     }
   });
   if (!fused) {
-    unfused_epilogue(g, dm, b, D, bias, bias_grad, gelu ? (grad ? gelu_in : pre_gelu_out) : c10::nullopt,
-                     default_ws);
+    unfused_epilogue(g, dm, b, D, bias, bias_grad, gelu ? (grad ? gelu_in : pre_gelu_out) : c10::nullopt);
   }
   finish_fp8();
 #else
