@@ -13,10 +13,10 @@ from .cast import *  # noqa: F401,F403
 from .cast import __all__ as _cast_all
 from .dtypes import DType
 from .enums import FP8BwdTensors, FP8FwdTensors
-from .quantizers import Float8CurrentScalingQuantizer, Float8Quantizer, Quantizer
-from .tensors import Float8Tensor, QuantizedTensor
+from .quantizers import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer, Quantizer
+from .tensors import Float8Tensor, MXFP8Tensor, QuantizedTensor
 
 __version__ = "0.1.0"
 
 __all__ = ["DType", "FP8FwdTensors", "FP8BwdTensors", "Quantizer", "Float8Quantizer",
-           "Float8CurrentScalingQuantizer", "QuantizedTensor", "Float8Tensor"] + _act_all + _cast_all
+           "Float8CurrentScalingQuantizer", "MXFP8Quantizer", "QuantizedTensor", "Float8Tensor", "MXFP8Tensor"] + _act_all + _cast_all
