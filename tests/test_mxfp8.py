@@ -471,3 +471,203 @@ def test_compile_swiglu_fullgraph(device):
         assert ref.bits_equal(cpu(a), cpu(b))
     r = ref.quantize_mxfp8_ref(cpu(tex.swiglu(x, None)), "e4m3")
     assert torch.equal(cpu(out[0]), r.row) and torch.equal(cpu(out[3]), r.col_scale)
+
+
+# ------------------------------------------------------------------------------------------------
+# CUDA: CPU/CUDA byte parity (SPEC §1.1 item 1), CUDA graphs (item 6)
+# ------------------------------------------------------------------------------------------------
+def _mixed_inputs(shape, dtype, seed, bits=False):
+    """Uniform [-3, 3] values with the dtype's special values scattered in, or uniformly random bit patterns."""
+    from helpers import random_bits, special_values
+    g = torch.Generator().manual_seed(seed)
+    if bits:
+        return random_bits(shape, dtype, g=g)
+    x = uniform(shape, dtype, g=g).reshape(-1)
+    sv = special_values(dtype)
+    x[: sv.numel()] = sv
+    return x[torch.randperm(x.numel(), generator=g)].reshape(shape)
+
+
+def assert_mx_same(a, b, msg):
+    """Two MXFP8Tensors (CPU, CUDA) hold identical bytes in every piece."""
+    assert b._rowwise_data is None or b._rowwise_data.device.type == "cuda"
+    for k in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv"):
+        x, y = getattr(a, k), getattr(b, k)
+        assert (x is None) == (y is None), f"{msg} {k}"
+        if x is not None:
+            ref.assert_bytes_equal(cpu(y), x, f"{msg} {k}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("inp", ["mixed", "bits"])
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@pytest.mark.parametrize("name", ref.ACT_NAMES)
+def test_cuda_parity_activations(name, dtype, inp):
+    tex = tex_module()
+    for rows in (96, 45):
+        x = _mixed_inputs((rows, 256), dtype, 1, inp == "bits")
+        g = _mixed_inputs(ref.out_shape(name, x.shape), dtype, 2, inp == "bits")
+        for fmt in FMTS:
+            for usage, swz in (((True, True), False), ((True, False), True), ((False, True), True)):
+                res = {}
+                for dev in ("cpu", "cuda"):
+                    q = mxq(fmt, *usage, swizzled=swz)
+                    res[dev] = (getattr(tex, name)(x.to(dev), q),
+                                getattr(tex, ref.DACT_NAMES[name])(g.to(dev), x.to(dev), q))
+                msg = f"{name} {dtype} {inp} rows={rows} {fmt} {usage} swizzled={swz}"
+                assert_mx_same(res["cpu"][0], res["cuda"][0], msg + " fwd")
+                assert_mx_same(res["cpu"][1], res["cuda"][1], msg + " bwd")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@pytest.mark.parametrize("name", sorted(ref.DBIAS_NAMES) + ["bgrad_quantize"])
+def test_cuda_parity_dbias(name, dtype):
+    tex = tex_module()
+    x = _mixed_inputs((101, 192), dtype, 3)
+    g = _mixed_inputs((101, 192), dtype, 4)
+    xs, gs = uniform((101, 192), dtype), uniform((101, 192), dtype, g=torch.Generator().manual_seed(6))
+    res, sums = {}, {}
+    for dev in ("cpu", "cuda"):
+        if name == "bgrad_quantize":
+            res[dev] = tex.bgrad_quantize(x.to(dev), mxq("e4m3"))[1]
+            sums[dev] = tex.bgrad_quantize(xs.to(dev), mxq("e4m3"))[0]
+        else:
+            res[dev] = getattr(tex, name)(g.to(dev), x.to(dev), mxq("e4m3"))[1]
+            sums[dev] = getattr(tex, name)(gs.to(dev), xs.to(dev), mxq("e4m3"))[0]
+    assert_mx_same(res["cpu"], res["cuda"], name)
+    rtol = 1.3e-6 * 101 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
+    assert ref.within_tol(cpu(sums["cuda"]), sums["cpu"], rtol, 1e-4)   # sums: order is free (SPEC §1.1)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["gelu", "qgelu", "silu", "swiglu", "glu", "clamped_swiglu", "geglu"])
+def test_cuda_parity_every_bf16(name):
+    """Every bf16 bit pattern through the table (LUT) path of the CUDA kernel, forward and backward."""
+    tex = tex_module()
+    n = 65536
+    codes = torch.arange(n, dtype=torch.int32)[torch.randperm(n, generator=torch.Generator().manual_seed(8))]
+    x = codes.to(torch.int16).view(torch.bfloat16).reshape(256, 256)
+    g = uniform(ref.out_shape(name, x.shape), torch.bfloat16, g=torch.Generator().manual_seed(9))
+    res = {}
+    for dev in ("cpu", "cuda"):
+        res[dev] = (getattr(tex, name)(x.to(dev), mxq("e4m3")),
+                    getattr(tex, ref.DACT_NAMES[name])(g.to(dev), x.to(dev), mxq("e5m2")))
+    assert_mx_same(res["cpu"][0], res["cuda"][0], f"{name} fwd")
+    assert_mx_same(res["cpu"][1], res["cuda"][1], f"{name} bwd")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(4096, 2048), (993, 512), (8, 32, 1024), (3000, 96)])
+def test_cuda_parity_quantize_shapes(shape):
+    """Large enough that blocks walk several tiles (grid-stride with the next tile prefetched), plus ragged M."""
+    tex = tex_module()
+    for dtype in (torch.bfloat16, torch.float32):
+        x = wide_random(shape, dtype)
+        for swz in (False, True):
+            a = tex.quantize(x, mxq("e4m3", swizzled=swz))
+            b = tex.quantize(x.cuda(), mxq("e4m3", swizzled=swz))
+            assert_mx_same(a, b, f"quantize {shape} {dtype} swizzled={swz}")
+        a = tex.gelu(x, mxq("e5m2"))
+        b = tex.gelu(x.cuda(), mxq("e5m2"))
+        assert_mx_same(a, b, f"gelu {shape} {dtype}")
+
+
+@pytest.mark.cuda
+def test_cuda_unaligned_buffers():
+    """An input starting 2 bytes into its storage (no 16-byte loads) and output buffers of a quantize_into at odd
+    offsets take the element-wise path, same bytes."""
+    tex = tex_module()
+    base = wide_random((64 * 96 + 1,), torch.bfloat16)
+    x = base[1:].reshape(64, 96)
+    a = tex.quantize(x, mxq("e4m3"))
+    b = tex.quantize(x.cuda(), mxq("e4m3"))
+    assert b._rowwise_data is not None
+    xc = base.cuda()[1:].reshape(64, 96)
+    assert xc.data_ptr() % 16 != 0
+    c = tex.quantize(xc, mxq("e4m3"))
+    assert_mx_same(a, b, "aligned")
+    assert_mx_same(a, c, "unaligned input")
+    (rs, cs) = ref.mx_scale_shapes(64, 96)
+    raw = torch.zeros(64 * 96 * 2 + 2, dtype=torch.uint8, device="cuda")
+    out = tex.MXFP8Tensor(shape=(64, 96), dtype=torch.bfloat16, rowwise_data=raw[1:1 + 64 * 96].view(64, 96),
+                          columnwise_data=raw[2 + 64 * 96:].view(64, 96),
+                          rowwise_scale_inv=torch.zeros(rs, dtype=torch.uint8, device="cuda"),
+                          columnwise_scale_inv=torch.zeros(cs, dtype=torch.uint8, device="cuda"),
+                          fp8_dtype=tex.DType.kFloat8E4M3)
+    tex.quantize(xc, mxq("e4m3"), output=out)
+    assert_mx_same(a, out, "unaligned outputs")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("swizzled", [False, True])
+def test_cuda_graph_gelu_mxfp8(swizzled):
+    """gelu -> MXFP8 (both copies) captured in a CUDA graph replays the eager bytes for new inputs."""
+    tex = tex_module()
+    dtype = torch.bfloat16
+    q = mxq("e4m3", swizzled=swizzled)
+    x_static = uniform((256, 384), dtype, "cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            tex.gelu(x_static, q)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_static = tex.gelu(x_static, q)
+    for step in range(3):
+        x_new = uniform((256, 384), dtype, "cuda", lo=-3.0 * (step + 1), hi=3.0 * (step + 1),
+                        g=torch.Generator().manual_seed(100 + step))
+        x_static.copy_(x_new)
+        graph.replay()
+        torch.cuda.synchronize()
+        y_e = tex.gelu(x_new, q)
+        assert_mx_same(tex.gelu(x_new.cpu(), q), y_static, f"graph step {step} vs cpu")
+        for k in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv"):
+            ref.assert_bytes_equal(cpu(getattr(y_static, k)), cpu(getattr(y_e, k)), f"graph step {step} {k}")
+
+
+@pytest.mark.cuda
+def test_cuda_graph_quantize_noop_mxfp8():
+    tex = tex_module()
+    q = mxq("e5m2")
+    x_static = uniform((64, 96), torch.float16, "cuda")
+    noop = torch.zeros(1, device="cuda")
+    out = tex.quantize(x_static, q)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tex.quantize(x_static, q, output=out, noop=noop)
+    x1 = uniform((64, 96), torch.float16, "cuda", lo=-10, hi=10, g=torch.Generator().manual_seed(3))
+    x_static.copy_(x1)
+    noop.fill_(1.0)
+    pieces = lambda: [out._rowwise_data, out._rowwise_scale_inv, out._columnwise_data,  # noqa: E731
+                      out._columnwise_scale_inv]
+    snap = [t.clone() for t in pieces()]
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(pieces(), snap):
+        assert torch.equal(a, b)
+    noop.fill_(0.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    check_mx(out, ref.quantize_mxfp8_ref(cpu(x1), "e5m2"), (64, 96), torch.float16, "e5m2", "graph noop=0")
+
+
+@pytest.mark.cuda
+def test_cuda_compile_inductor_swiglu_mxfp8():
+    tex = tex_module()
+    q = mxq("e4m3")
+
+    def f(x):
+        y = tex.swiglu(x, q)
+        return y._rowwise_data, y._columnwise_scale_inv, y.dequantize()
+
+    x = uniform((128, 512), torch.bfloat16, "cuda")
+    eager = f(x)
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True)(x)
+    for a, b in zip(out, eager):
+        assert ref.bits_equal(cpu(a), cpu(b))
