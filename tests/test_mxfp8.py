@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import reference as ref
-from helpers import DTYPE_PARAMS, FMTS, cpu, fp8_dtype, tex_module, uniform, wide_random
+from helpers import DTYPE_PARAMS, FMTS, capture_graph, cpu, fp8_dtype, tex_module, uniform, wide_random
 
 SHAPES = [(128, 128), (993, 512), (8, 32, 1024)]
 SHAPE_IDS = ["128x128", "993x512", "8x32x1024"]
@@ -607,16 +607,7 @@ def test_cuda_graph_gelu_mxfp8(swizzled):
     dtype = torch.bfloat16
     q = mxq("e4m3", swizzled=swizzled)
     x_static = uniform((256, 384), dtype, "cuda")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            tex.gelu(x_static, q)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y_static = tex.gelu(x_static, q)
+    graph, y_static = capture_graph(lambda: tex.gelu(x_static, q))
     for step in range(3):
         x_new = uniform((256, 384), dtype, "cuda", lo=-3.0 * (step + 1), hi=3.0 * (step + 1),
                         g=torch.Generator().manual_seed(100 + step))

@@ -59,6 +59,32 @@ class QuantizedTensor:
             n *= s
         return n
 
+    # Names of the raw rowwise / columnwise FP8 buffers, and of the buffers that tell the device (per class).
+    _ROW = _COL = None
+    _BUFFERS = ()
+
+    @property
+    def device(self) -> torch.device:
+        for name in self._BUFFERS:
+            t = getattr(self, name)
+            if t is not None:
+                return t.device
+        return torch.device("cpu")
+
+    def _fp8_view(self, name):
+        t = getattr(self, name)
+        return None if t is None else t.view(to_torch_dtype(self._fp8_dtype))
+
+    @property
+    def rowwise_data(self):
+        """The rowwise codes as a float8 tensor (a view of the uint8 buffer)."""
+        return self._fp8_view(self._ROW)
+
+    @property
+    def columnwise_data(self):
+        """The columnwise codes as a float8 tensor (a view of the uint8 buffer)."""
+        return self._fp8_view(self._COL)
+
     def dequantize(self, dtype=None) -> torch.Tensor:
         raise NotImplementedError
 
@@ -69,6 +95,8 @@ class QuantizedTensor:
 class Float8Tensor(QuantizedTensor):
     """Per-tensor scaled FP8: `_data` uint8 of `shape`, `_transpose` uint8 of `(K,) + shape[:-1]`,
     `_scale_inv` float32 [1] shared by both copies."""
+
+    _ROW, _COL, _BUFFERS = "_data", "_transpose", ("_data", "_transpose", "_scale_inv")
 
     def __init__(self, *, shape=None, dtype=torch.float32, data=None, fp8_scale_inv=None,
                  fp8_dtype=DType.kFloat8E4M3, data_transpose=None, quantizer=None, requires_grad=False,
@@ -94,21 +122,6 @@ class Float8Tensor(QuantizedTensor):
         t._data, t._transpose, t._transpose_invalid = data, transpose, transpose is None
         t._scale_inv, t._fp8_dtype = scale_inv, fp8_dtype
         return t
-
-    @property
-    def device(self) -> torch.device:
-        for t in (self._data, self._transpose, self._scale_inv):
-            if t is not None:
-                return t.device
-        return torch.device("cpu")
-
-    @property
-    def rowwise_data(self):
-        return None if self._data is None else self._data.view(to_torch_dtype(self._fp8_dtype))
-
-    @property
-    def columnwise_data(self):
-        return None if self._transpose is None else self._transpose.view(to_torch_dtype(self._fp8_dtype))
 
     def dequantize(self, dtype=None) -> torch.Tensor:
         dtype = self._dtype if dtype is None else to_torch_dtype(dtype)
@@ -250,6 +263,8 @@ class MXFP8Tensor(QuantizedTensor):
     `rowwise_scale_inv` / `columnwise_scale_inv` are `torch.float8_e8m0fnu` views where torch has that dtype.
     `_with_gemm_swizzled_scales`: the scale bytes are in cuBLASLt's swizzled layout (same shapes)."""
 
+    _ROW, _COL, _BUFFERS = "_rowwise_data", "_columnwise_data", ("_rowwise_data", "_columnwise_data")
+
     def __init__(self, *, shape=None, dtype=torch.float32, rowwise_data=None, columnwise_data=None,
                  rowwise_scale_inv=None, columnwise_scale_inv=None, fp8_dtype=DType.kFloat8E4M3, quantizer=None,
                  with_gemm_swizzled_scales=False, requires_grad=False, device=None):
@@ -275,21 +290,6 @@ class MXFP8Tensor(QuantizedTensor):
         t._columnwise_data, t._columnwise_scale_inv = col, col_si
         t._fp8_dtype, t._with_gemm_swizzled_scales = fp8_dtype, swizzled
         return t
-
-    @property
-    def device(self) -> torch.device:
-        for t in (self._rowwise_data, self._columnwise_data):
-            if t is not None:
-                return t.device
-        return torch.device("cpu")
-
-    @property
-    def rowwise_data(self):
-        return None if self._rowwise_data is None else self._rowwise_data.view(to_torch_dtype(self._fp8_dtype))
-
-    @property
-    def columnwise_data(self):
-        return None if self._columnwise_data is None else self._columnwise_data.view(to_torch_dtype(self._fp8_dtype))
 
     @staticmethod
     def _typed_scale(s):

@@ -99,19 +99,9 @@ void mx_dispatch(DType in_dtype, const Mxfp8Params& p, const ParallelFor& parall
 
 void quantize_mxfp8_cpu(ActKind kind, bool backward, DType in_dtype, const Mxfp8Params& p,
                         const ParallelFor& parallel_for) {
-  switch (kind) {
-#define TE_CPU_MX_CASE(code, F, gated)                                     \
-  case ActKind::code:                                                      \
-    if (backward) {                                                        \
-      mx_dispatch<ActOp<F, gated>, true>(in_dtype, p, parallel_for);       \
-    } else {                                                               \
-      mx_dispatch<ActOp<F, gated>, false>(in_dtype, p, parallel_for);      \
-    }                                                                      \
-    return;
-    TE_FOR_EACH_ACTIVATION(TE_CPU_MX_CASE)
-#undef TE_CPU_MX_CASE
-  }
-  core_fail("activation code " + std::to_string(int(kind)) + " is not known; accepted: 0..11 (TE's enum)");
+  visit_activation(kind, backward, [&](auto op, auto bwd) {
+    mx_dispatch<decltype(op), decltype(bwd)::value>(in_dtype, p, parallel_for);
+  });
 }
 
 }  // namespace te

@@ -12,19 +12,9 @@ TE_FOR_EACH_ACTIVATION(TE_DECLARE_MXFP8_CUDA)
 }  // namespace mx_cuda
 
 void quantize_mxfp8_cuda(ActKind kind, bool backward, DType in_dtype, const Mxfp8Params& p, cudaStream_t s) {
-  switch (kind) {
-#define TE_CUDA_MX_CASE(code, F, gated)                                  \
-  case ActKind::code:                                                    \
-    if (backward) {                                                      \
-      mx_cuda::launch_mxfp8<ActOp<F, gated>, true>(in_dtype, p, s);      \
-    } else {                                                             \
-      mx_cuda::launch_mxfp8<ActOp<F, gated>, false>(in_dtype, p, s);     \
-    }                                                                    \
-    return;
-    TE_FOR_EACH_ACTIVATION(TE_CUDA_MX_CASE)
-#undef TE_CUDA_MX_CASE
-  }
-  core_fail("activation code " + std::to_string(int(kind)) + " is not known; accepted: 0..11 (TE's enum)");
+  visit_activation(kind, backward, [&](auto op, auto bwd) {
+    mx_cuda::launch_mxfp8<decltype(op), decltype(bwd)::value>(in_dtype, p, s);
+  });
 }
 
 }  // namespace te

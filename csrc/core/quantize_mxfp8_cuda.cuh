@@ -10,8 +10,10 @@
 //   - the columnwise scale of each of its 8 columns: a max over the 4 rows of the warp (two shuffles), then
 //     over the 8 warps through shared memory;
 //   - the dbias partial of each column (FP32 sums of the unrounded values, in a fixed order).
-// Blocks walk tiles grid-stride (a resident grid, so the tables are filled once per block) and load the next
-// tile before working on the current one. Scale padding is written as zero by the tiles on the last row / column.
+// Blocks walk tiles grid-stride (a resident grid, so the tables are filled once per block). Loads run kStages - 1
+// tiles ahead through cp.async into per-thread shared-memory slots (each thread reads back only what it copied, so
+// the pipeline needs no block barrier and no registers for the tiles in flight). Scale padding is written as zero
+// by the tiles on the last row / column.
 #pragma once
 
 #include "act_cuda.cuh"
@@ -36,10 +38,37 @@ struct MxGeom {
   bool vec = false;  // 16-byte aligned inputs and 8-byte aligned outputs
 };
 
-// The raw inputs of one thread's chunk.
-template <typename InT> struct MxChunk {
-  Vec8<InT> a, b, g;
+// Staging of the input tiles in flight: per stage, one slot of kVec raw elements per thread and input stream
+// (x, or a and b when gated; grad when backward). Stages: as many as fit in about 32 KB, 2 to 4.
+template <class Op, bool kBwd, typename InT> struct MxStaging {
+  static constexpr int kStreams = 1 + int(Op::kGated) + int(kBwd);
+  static constexpr int kChunkBytes = kVec * int(sizeof(InT));  // 16 (bf16/fp16) or 32 (fp32)
+  static constexpr int kStageBytes = kStreams * kMxThreads * kChunkBytes;
+  static constexpr int kStages = kStageBytes <= 8192 ? 4 : (kStageBytes <= 16384 ? 3 : 2);
+  static constexpr size_t kBytes = size_t(kStages) * size_t(kStageBytes);
+  static_assert(kChunkBytes % 16 == 0, "slots are copied in 16-byte pieces");
 };
+
+// 16-byte global -> shared copy, asynchronous on sm_80+ (cp.async.cg: bypasses L1), a plain copy before.
+__device__ __forceinline__ void mx_cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+#else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void mx_cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most N of this thread's committed groups are pending.
+template <int N> __device__ __forceinline__ void mx_cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
 
 // Zero padding of the scale tensors owned by tile (tr, tc): the tiles on the last row / column own the entries
 // past the data (compact coordinates, then mapped to the layout).
@@ -87,15 +116,18 @@ __device__ __forceinline__ void mx_store8(uint8_t* dst, uint2 w, bool vec) {
 
 template <class Op, bool kBwd, typename InT, bool kLut>
 __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, const MxGeom geo) {
+  using Stage = MxStaging<Op, kBwd, InT>;
   constexpr bool kGated = Op::kGated;
   constexpr bool kTwoOut = kBwd && kGated;
+  constexpr int kStages = Stage::kStages;
   __shared__ float cred[kMxWarps][kMxTileCols];  // per-warp column maxima
   __shared__ float dred[kMxWarps][kMxTileCols];  // per-warp column sums (dbias)
   __shared__ float cmul[kMxTileCols];            // columnwise multipliers of the tile
-  extern __shared__ float lut[];
+  extern __shared__ uint4 mx_smem[];             // [staging | lookup tables]
+  unsigned char* staging = reinterpret_cast<unsigned char*>(mx_smem);
+  float* lut = reinterpret_cast<float*>(staging + Stage::kBytes);
 
   if (p.noop != nullptr && *p.noop == 1.0f) return;
-  if constexpr (kLut) act_cuda::lut_fill<Op, kBwd, kMxThreads>(lut, p.act);
   const int64_t rows = p.rows, cols = p.cols, out_cols = geo.out_cols;
   const int64_t x_stride = kGated ? 2 * cols : cols;
   const InT* x = static_cast<const InT*>(p.x);
@@ -119,25 +151,52 @@ __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, 
     w.valid = w.r < rows && w.oc0 < out_cols;
     return w;
   };
-  auto load = [&](const Where& w, MxChunk<InT>& ch) {
-    if (!w.valid) return;
-    ch.a = act_cuda::load8(x + w.r * x_stride + w.c0, geo.vec, kVec);
-    if (kGated) ch.b = act_cuda::load8(x + w.r * x_stride + cols + w.c0, geo.vec, kVec);
-    if (kBwd) ch.g = act_cuda::load8(g + w.r * cols + w.c0, geo.vec, kVec);
+  auto slot = [&](int stage, int stream) {
+    return staging + ((stage * Stage::kStreams + stream) * kMxThreads + tid) * Stage::kChunkBytes;
   };
-
-  int64_t t = blockIdx.x;
-  MxChunk<InT> cur;
-  if (t < geo.n_tiles) load(where(t), cur);
-  for (; t < geo.n_tiles; t += gridDim.x) {
+  // Starts the copies of this thread's chunk of tile t into `stage` (aligned: cp.async; else element loads).
+  auto issue = [&](int64_t t, int stage) {
+    if (t >= geo.n_tiles) return;
     const Where w = where(t);
-    MxChunk<InT> nxt;
-    if (t + gridDim.x < geo.n_tiles) load(where(t + gridDim.x), nxt);  // in flight during this tile's work
+    if (!w.valid) return;
+    const InT* src[3] = {x + w.r * x_stride + w.c0, x + w.r * x_stride + cols + w.c0, g + w.r * cols + w.c0};
+    int stream = 0;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      if ((j == 1 && !kGated) || (j == 2 && !kBwd)) continue;
+      unsigned char* dst = slot(stage, stream++);
+      if (geo.vec) {
+#pragma unroll
+        for (int b = 0; b < Stage::kChunkBytes; b += 16)
+          mx_cp_async16(dst + b, reinterpret_cast<const unsigned char*>(src[j]) + b);
+      } else {
+        *reinterpret_cast<Vec8<InT>*>(dst) = act_cuda::load8(src[j], false, kVec);
+      }
+    }
+  };
+  auto read = [&](int stage, int stream) { return *reinterpret_cast<const Vec8<InT>*>(slot(stage, stream)); };
+
+  const int64_t step = gridDim.x;
+#pragma unroll
+  for (int sidx = 0; sidx < kStages - 1; ++sidx) {
+    issue(blockIdx.x + sidx * step, sidx);
+    mx_cp_async_commit();
+  }
+  if constexpr (kLut) act_cuda::lut_fill<Op, kBwd, kMxThreads>(lut, p.act);  // overlaps the first copies
+  int stage = 0;
+  for (int64_t t = blockIdx.x; t < geo.n_tiles; t += step) {
+    const Where w = where(t);
+    issue(t + (kStages - 1) * step, (stage + kStages - 1) % kStages);  // the slot this thread read last tile
+    mx_cp_async_commit();
+    mx_cp_async_wait<kStages - 1>();  // this thread's copies of tile t have landed
 
     float raw[kVec], v[kVec];
     if (w.valid) {
+      const Vec8<InT> va = read(stage, 0);
+      const Vec8<InT> vb = kGated ? read(stage, 1) : va;
+      const Vec8<InT> vg = kBwd ? read(stage, kGated ? 2 : 1) : va;
       float out[2][kVec];
-      act_cuda::eval8<Op, kBwd, kLut>(cur.a, cur.b, cur.g, p.act, lut, out);
+      act_cuda::eval8<Op, kBwd, kLut>(va, vb, vg, p.act, lut, out);
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         if constexpr (kTwoOut) {
@@ -215,7 +274,7 @@ __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, 
       const int64_t tr = t / geo.n_col_tiles;
       mx_write_padding(p, geo, tr, t - tr * geo.n_col_tiles);
     }
-    cur = nxt;
+    stage = (stage + 1) % kStages;
   }
 }
 
@@ -223,7 +282,7 @@ template <class Op, bool kBwd, typename T>
 void launch_mxfp8_t(const Mxfp8Params& p, const MxGeom& geo, cudaStream_t stream) {
   constexpr bool kLut = Op::Fn::kTabulate && std::is_same<T, bf16_t>::value;
   constexpr auto kernel = mxfp8_kernel<Op, kBwd, T, kLut>;
-  const size_t smem = kLut ? act_cuda::LutPlan<Op, kBwd>::kBytes : 0;
+  const size_t smem = MxStaging<Op, kBwd, T>::kBytes + (kLut ? act_cuda::LutPlan<Op, kBwd>::kBytes : 0);
   const int per_sm = std::max(1, act_cuda::resident_per_sm<kernel>(kMxThreads, smem));
   const int64_t resident = int64_t(per_sm) * act_cuda::device_sm_count_or_default();
   kernel<<<unsigned(std::min(geo.n_tiles, resident)), kMxThreads, smem, stream>>>(p, geo);
