@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Activation / cast benchmark for transformer_engine_torch (issue 2 acceptance, shared/ANCHORS.md targets).
+"""Activation / cast benchmark for transformer_engine_torch (issues 2 and 3 acceptance, shared/ANCHORS.md targets).
 
 One run on one GPU:
   1. measures device-to-device copy bandwidth (read + write bytes) on a 268 MB bf16 buffer;
@@ -111,6 +111,42 @@ def fp8_current_ref(a, in_dtype):
     return {"q": q, "scale_inv": torch.reciprocal(scale).reshape(1)}
 
 
+def e8m0_round_up(v):
+    """E8M0 code of non-negative finite FP32 values, rounding up (SPEC 2): E + (mantissa != 0); zero or
+    subnormal -> 0 if v <= 2^-127 else 1; saturates at 254."""
+    bits = v.float().contiguous().view(torch.int32)
+    e, f = (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    code = torch.where(e == 0, (f > 0x400000).to(torch.int32), e + (f != 0).to(torch.int32))
+    return code.clamp(max=254)
+
+
+def mx_multiplier(code):
+    """2^(127 - code) as exact FP32 built from its bits (code 254 -> the subnormal 2^-127)."""
+    bits = torch.where(code == 254, torch.full_like(code, 0x400000), (254 - code) << 23)
+    return bits.view(torch.float32)
+
+
+def mxfp8_blocks_ref(v):
+    """1x32 blocks along the last dim of FP32 [R, K]: (E4M3 codes as float8, E8M0 scale codes uint8 [R, K/32])."""
+    r, k = v.shape
+    b = v.reshape(r, k // 32, 32)
+    code = e8m0_round_up(b.abs().amax(-1) * torch.tensor(1.0 / E4M3_MAX, dtype=torch.float32))
+    q = (b * mx_multiplier(code)[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+    return q.reshape(r, k), code.to(torch.uint8)
+
+
+def mxfp8_ref(a, in_dtype, columnwise):
+    """MXFP8, FULLY_FUSED: the activation rounded to the input dtype, then per-block E8M0 round-up scales and
+    E4M3 codes; the columnwise copy (same shape) from 32x1 blocks of the same values (M % 32 == 0 here)."""
+    v = a.to(in_dtype).float().reshape(-1, a.shape[-1])
+    out = {}
+    out["mx_row"], out["mx_row_scale"] = mxfp8_blocks_ref(v)
+    if columnwise:
+        qt, st = mxfp8_blocks_ref(v.t().contiguous())
+        out["mx_col"], out["mx_col_scale"] = qt.t(), st.t()
+    return out
+
+
 def make_reference(op, quant, columnwise, in_dtype):
     """The same math as our op, in plain torch. Arguments: the op's tensor inputs, then (scale, amax) for
     delayed scaling. Returns a dict with keys among dbias, y, q, qt, scale_inv, amax."""
@@ -131,6 +167,8 @@ def make_reference(op, quant, columnwise, in_dtype):
             out.update(fp8_delayed_ref(a, scale, amax, columnwise))
         elif quant == "current":
             out.update(fp8_current_ref(a, in_dtype))
+        elif quant == "mxfp8":
+            out.update(mxfp8_ref(a, in_dtype, columnwise))
         else:
             raise ValueError(f"unknown quantizer kind {quant!r}")
         return out
@@ -145,8 +183,8 @@ def make_reference(op, quant, columnwise, in_dtype):
 @dataclass(frozen=True)
 class CaseSpec:
     op: str  # gelu | swiglu | dgelu | dbias_dgelu | quantize
-    quant: object  # None | "delayed" | "current"
-    columnwise: bool  # also write the transposed FP8 copy
+    quant: object  # None | "delayed" | "current" | "mxfp8"
+    columnwise: bool  # also write the columnwise FP8 copy (transposed for FP8 per-tensor, same shape for MXFP8)
     bytes_per_elt: float
 
 
@@ -168,12 +206,18 @@ CASE_SPECS = [
     CaseSpec("quantize", "delayed", False, 3),  # 2 read x + 1 write q
     CaseSpec("quantize", "delayed", True, 4),  # 2 read x + 1 write q + 1 write q^T
     CaseSpec("quantize", "current", False, 5),  # 2 read x (amax) + 2 read x (cast) + 1 write q
+    # MXFP8 (FULLY_FUSED): one pass; E8M0 scales are 1 byte per 32 elements per copy
+    CaseSpec("gelu", "mxfp8", False, 2 + 1 + 1 / 32),  # 2 read x + 1 write q + 1/32 scale
+    CaseSpec("gelu", "mxfp8", True, 2 + 2 + 2 / 32),  # 2 read x + 1 + 1 write (both copies) + 2/32 scales
+    CaseSpec("swiglu", "mxfp8", False, 4 + 1 + 1 / 32),  # 4 read [a|b] + 1 write q + 1/32 scale
 ]
 
 
 def quant_label(spec):
     if spec.quant is None:
         return "bf16"
+    if spec.quant == "mxfp8":
+        return "mxfp8" + ("+col" if spec.columnwise else "")
     return f"fp8-{spec.quant}" + ("+T" if spec.columnwise else "")
 
 
@@ -297,6 +341,30 @@ def dequant(q, scale_inv):
     return q.float() * scale_inv.float().reshape(())
 
 
+def mx_dequant(q, code, along_rows):
+    """E4M3 codes [M, K] times 2^(code - 127) of their 1x32 (rowwise) or 32x1 (columnwise) block."""
+    f = torch.exp2(code.float() - 127.0)
+    f = f.repeat_interleave(32, dim=0 if along_rows else 1)
+    return q.view(FP8).float() * f
+
+
+def compare_mx(got, ref, info):
+    """MXFP8 pieces: dequantized values within the E4M3 tolerance (ours evaluates the activation with its own
+    FP32 math, so a rounded bf16 value, and rarely a block scale, can differ from torch's)."""
+    for side, along_rows, label in (("row", False, "rowwise"), ("col", True, "columnwise")):
+        if f"mx_{side}" not in ref:
+            continue
+        q, code = got[f"mx_{side}"], got[f"mx_{side}_scale"]
+        if q is None:
+            raise ValidationError(f"no {label} MXFP8 copy although it was requested")
+        m, k = ref[f"mx_{side}"].shape
+        code = code[: m // 32, :k] if along_rows else code[:m, : k // 32]
+        check_close(f"dequantized {label} MXFP8", mx_dequant(q.reshape(m, k), code, along_rows),
+                    mx_dequant(ref[f"mx_{side}"].view(torch.uint8), ref[f"mx_{side}_scale"], along_rows), *TOL_E4M3)
+        same = (q.reshape(m, k).view(torch.uint8) == ref[f"mx_{side}"].view(torch.uint8)).float().mean().item()
+        info.append(f"{label} MXFP8 bytes equal to reference: {100 * same:.3f} %")
+
+
 def compare_outputs(got, ref, in_dtype, rows):
     """Compare output dicts (keys among dbias, y, q, qt, scale_inv, amax). Returns an info string;
     raises ValidationError on the first mismatch."""
@@ -316,6 +384,7 @@ def compare_outputs(got, ref, in_dtype, rows):
         )
         same = (got["q"].view(torch.uint8) == ref["q"].view(torch.uint8)).float().mean().item()
         info.append(f"FP8 bytes equal to reference: {100 * same:.3f} %")
+    compare_mx(got, ref, info)
     if "qt" in ref:
         q2d = got["q"].view(torch.uint8).reshape(-1, got["q"].shape[-1])
         if tuple(got["qt"].shape) != tuple(q2d.t().shape):
@@ -339,6 +408,11 @@ def ours_outputs(spec, result, amax_buf):
         if not isinstance(result, torch.Tensor):
             raise ValidationError(f"expected a plain tensor with quantizer=None, got {type(result).__name__}")
         out["y"] = result
+        return out
+    if spec.quant == "mxfp8":
+        out["mx_row"], out["mx_row_scale"] = result._rowwise_data, result._rowwise_scale_inv
+        if spec.columnwise:
+            out["mx_col"], out["mx_col_scale"] = result._columnwise_data, result._columnwise_scale_inv
         return out
     data = getattr(result, "_data", None)
     if data is None:
@@ -370,6 +444,8 @@ def make_quantizer(spec, scale, amax):
         return None
     if spec.quant == "delayed":
         return tex.Float8Quantizer(scale, amax, tex.DType.kFloat8E4M3, rowwise=True, columnwise=spec.columnwise)
+    if spec.quant == "mxfp8":
+        return tex.MXFP8Quantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=spec.columnwise)
     return tex.Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=spec.columnwise)
 
 
@@ -551,6 +627,9 @@ def evaluate_targets(rows):
     floor_target("swiglu -> FP8 current (x 16384x16384)", find(rows, "swiglu", "current", False, BIG), 1.15)
     floor_target("dbias_dgelu -> FP8 delayed (16384x8192)", find(rows, "dbias_dgelu", "delayed", False, BIG), 1.15)
     pct_target("FP8 cast rowwise + transposed (16384x8192)", find(rows, "quantize", "delayed", True, BIG), 80)
+    pct_target("gelu -> MXFP8 rowwise (16384x8192)", find(rows, "gelu", "mxfp8", False, BIG), 85)
+    pct_target("gelu -> MXFP8 rowwise + columnwise (16384x8192)", find(rows, "gelu", "mxfp8", True, BIG), 75)
+    pct_target("swiglu -> MXFP8 rowwise (x 16384x16384)", find(rows, "swiglu", "mxfp8", False, BIG), 85)
     pct_target("gelu bf16 -> bf16 (16384x8192)", find(rows, "gelu", None, False, BIG), 90)
     pct_target("dgelu bf16 (16384x8192)", find(rows, "dgelu", None, False, BIG), 90)
 

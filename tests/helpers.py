@@ -133,3 +133,19 @@ def check_float8_tensor(qt, shape, dtype, fmt, rowwise=True, columnwise=True):
         assert qt._transpose.is_contiguous()
     else:
         assert qt._transpose is None
+
+
+def capture_graph(fn):
+    """Warms `fn` up twice on a side stream (as torch.cuda.graphs recommends), then captures one call in a
+    CUDA graph. Returns (graph, fn's return value from the capture)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from .tensors import _transposed_shape
+from .tensors import _transposed_shape, mxfp8_scale_shapes
 
 GATED = {1, 2, 4, 6, 8, 10, 11}
-QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT = 0, 1, 2
+QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8 = 0, 1, 2, 3
 
 
 def _fwd_shape(x, act):
@@ -28,6 +28,12 @@ def _quant_outputs(x, shape, qkind, rowwise, columnwise):
         u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
         return (u8(shape) if rowwise else u8((0,)), x.new_empty((1,), dtype=torch.float32),
                 u8(_transposed_shape(shape)) if columnwise else u8((0,)), e32(), e32(), e32())
+    if qkind == QKIND_MXFP8:
+        # Data in the tensor's shape (both copies), uint8 E8M0 scales of the padded SPEC §4.8 shapes.
+        u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
+        rs, cs = mxfp8_scale_shapes(shape)
+        return (u8(shape) if rowwise else u8((0,)), u8(rs) if rowwise else e32(),
+                u8(shape) if columnwise else u8((0,)), u8(cs) if columnwise else e32(), e32(), e32())
     raise NotImplementedError(f"quantizer kind {qkind} is not available in this build yet")
 
 

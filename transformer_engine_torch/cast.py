@@ -4,8 +4,9 @@ from __future__ import annotations
 import torch
 
 from .dtypes import FLOAT_DTYPES, as_fp8_dtype, to_torch_dtype
-from .quantizers import Float8CurrentScalingQuantizer, check_quantizer
-from .tensors import Float8Tensor, QuantizedTensor, _transposed_shape
+from .quantizers import Float8CurrentScalingQuantizer, MXFP8Quantizer, check_quantizer
+from .tensors import (Float8Tensor, MXFP8Tensor, QuantizedTensor, _transposed_shape, mxfp8_scale_shapes,
+                      swizzle_mx_scales)
 
 # Looked up once rather than through three attribute lookups per call.
 _QUANTIZE = torch.ops.te.quantize.default
@@ -44,12 +45,21 @@ def quantize(tensor, quantizer, output=None, noop=None):
     quantizer._check_usage("quantize")
     if output is None:
         output = quantizer.make_empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
-    if not isinstance(output, Float8Tensor):
-        raise TypeError(f"quantize: output must be a Float8Tensor for {type(quantizer).__name__}, "
+    expected = MXFP8Tensor if isinstance(quantizer, MXFP8Quantizer) else Float8Tensor
+    if not isinstance(output, expected):
+        raise TypeError(f"quantize: output must be a {expected.__name__} for {type(quantizer).__name__}, "
                         f"got {type(output).__name__}")
     if tuple(output.shape) != tuple(tensor.shape):
         raise ValueError(f"quantize: output has shape {tuple(output.shape)} but the input has shape "
                          f"{tuple(tensor.shape)}")
+    buffers = (_mxfp8_buffers if expected is MXFP8Tensor else _float8_buffers)(output, tensor, quantizer)
+    # The buffers by name: the spec before them may stop short of its last field (Quantizer._spec).
+    torch.ops.te.quantize_into.default(tensor, *_spec_for(tensor, quantizer, noop), **buffers)
+    return output
+
+
+def _float8_buffers(output, tensor, quantizer):
+    """Float8Tensor buffers for quantize_into: missing usages allocated, unwanted ones dropped."""
     dev = dict(dtype=torch.uint8, device=tensor.device)
     if quantizer.rowwise_usage and output._data is None:
         output._data = torch.empty(tensor.shape, **dev)
@@ -63,10 +73,40 @@ def quantize(tensor, quantizer, output=None, noop=None):
     if output._scale_inv is None:
         output._scale_inv = torch.empty(1, dtype=torch.float32, device=tensor.device)
     output._fp8_dtype = quantizer.dtype
-    # The buffers by name: the spec before them may stop short of its last field (Quantizer._spec).
-    torch.ops.te.quantize_into.default(tensor, *_spec_for(tensor, quantizer, noop), row_data=output._data,
-                                       row_scale_inv=output._scale_inv, col_data=output._transpose)
-    return output
+    return dict(row_data=output._data, row_scale_inv=output._scale_inv, col_data=output._transpose)
+
+
+def _mxfp8_buffers(output, tensor, quantizer):
+    """MXFP8Tensor buffers for quantize_into: missing usages allocated, unwanted ones dropped; the scale layout
+    becomes the quantizer's (the kernel writes every scale byte, padding included)."""
+    rs, cs = mxfp8_scale_shapes(tensor.shape)
+    for usage, pieces in ((quantizer.rowwise_usage, (("_rowwise_data", tensor.shape), ("_rowwise_scale_inv", rs))),
+                          (quantizer.columnwise_usage, (("_columnwise_data", tensor.shape),
+                                                        ("_columnwise_scale_inv", cs)))):
+        for name, shape in pieces:
+            if not usage:
+                setattr(output, name, None)
+            elif getattr(output, name) is None:
+                setattr(output, name, torch.empty(shape, dtype=torch.uint8, device=tensor.device))
+    output._fp8_dtype = quantizer.dtype
+    output._with_gemm_swizzled_scales = quantizer.optimize_for_gemm
+    return dict(row_data=output._rowwise_data, row_scale_inv=output._rowwise_scale_inv,
+                col_data=output._columnwise_data, col_scale_inv=output._columnwise_scale_inv)
+
+
+def swizzle_scales_for_gemm_(tensor):
+    """Rewrites an MXFP8 tensor's compact scales in the GEMM-swizzled layout (SPEC §4.8), in place: the scale
+    tensors keep their storage (CUDA graphs that captured them stay valid). A no-op when already swizzled."""
+    if not isinstance(tensor, MXFP8Tensor):
+        raise TypeError(f"swizzle_scales_for_gemm_: expected an MXFP8Tensor (NVFP4 is not provided yet), "
+                        f"got {type(tensor).__name__}")
+    if tensor._with_gemm_swizzled_scales:
+        return tensor
+    for s, columnwise in ((tensor._rowwise_scale_inv, False), (tensor._columnwise_scale_inv, True)):
+        if s is not None and s.numel():
+            s.copy_(swizzle_mx_scales(s, columnwise))
+    tensor._with_gemm_swizzled_scales = True
+    return tensor
 
 
 def dequantize(input, otype):
@@ -121,4 +161,5 @@ def create_empty_quantized_tensor(quantizer, shape, dtype, device, pin_memory=Fa
 
 
 __all__ = ["quantize", "dequantize", "bgrad_quantize", "compute_amax",
-           "fused_amax_and_scale_update_after_reduction", "fp8_transpose", "create_empty_quantized_tensor"]
+           "fused_amax_and_scale_update_after_reduction", "fp8_transpose", "create_empty_quantized_tensor",
+           "swizzle_scales_for_gemm_"]

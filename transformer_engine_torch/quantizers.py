@@ -8,12 +8,13 @@ import warnings
 import torch
 
 from .dtypes import DType, as_fp8_dtype
-from .tensors import Float8Tensor, _transposed_shape, _untransposed_shape
+from .tensors import Float8Tensor, MXFP8Tensor, _transposed_shape, _untransposed_shape, mxfp8_scale_shapes
 
 # Quantizer kinds of the spec (SPEC §1.4; numbering internal).
 QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8, QKIND_NVFP4, QKIND_FP8_BLOCK = range(6)
 # qflags bits.
 QFLAG_POW2 = 1 << 0
+QFLAG_SWIZZLED = 1 << 5  # write block scales in the GEMM-swizzled layout
 
 # Spec of "no quantizer": plain output (the fields left out are at their schema defaults, see Quantizer._spec).
 NO_QUANTIZER_SPEC = (QKIND_NONE, int(DType.kFloat8E4M3), True, True)
@@ -191,7 +192,55 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
                                     self.force_pow_2_scales, self.amax_epsilon)
 
 
-QUANTIZER_CLASSES = (Float8Quantizer, Float8CurrentScalingQuantizer)
+class MXFP8Quantizer(Quantizer):
+    """MXFP8 (SPEC §4.5): FP8 codes with one E8M0 scale per 1x32 block along the last dim (rowwise) and per 32x1
+    block down the rows (columnwise, same shape, not transposed). The scale rounds UP: e = E8M0(amax * fl(1/fp8_max)),
+    so a block's max never saturates. `optimize_for_gemm=True` writes the scales GEMM-swizzled (SPEC §4.8).
+    The last dim must be a multiple of 32; any number of rows."""
+
+    def __init__(self, fp8_dtype, *, rowwise: bool = True, columnwise: bool = True,
+                 with_2d_quantization: bool = False):
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self.dtype = as_fp8_dtype(fp8_dtype, "MXFP8Quantizer: fp8_dtype")
+        if with_2d_quantization:
+            raise NotImplementedError("MXFP8Quantizer: with_2d_quantization=True (one scale per 32x32 tile) is not "
+                                      "provided; use the default 1x32 / 32x1 blocks")
+        self.with_2d_quantization = False
+
+    def _clone(self):
+        return MXFP8Quantizer(self.dtype, rowwise=self.rowwise_usage, columnwise=self.columnwise_usage)
+
+    def _spec(self, noop=None):
+        head = (QKIND_MXFP8, int(self.dtype), self.rowwise_usage, self.columnwise_usage)
+        if noop is None and not self.optimize_for_gemm:
+            return head
+        return head + (QFLAG_SWIZZLED if self.optimize_for_gemm else 0, 0.0, 1, None, None, noop)
+
+    def _wrap(self, outs, dtype):
+        row = outs[0] if self.rowwise_usage else None
+        col = outs[2] if self.columnwise_usage else None
+        shape = (row if row is not None else col).shape
+        return MXFP8Tensor._from_op(shape, dtype, row, outs[1] if row is not None else None, col,
+                                    outs[3] if col is not None else None, self.dtype, self.optimize_for_gemm, self)
+
+    def make_empty(self, shape, dtype=torch.float32, device=None, requires_grad=False, pin_memory=False):
+        shape = torch.Size(shape)
+        device = torch.device("cuda" if device is None else device)
+        kw = dict(dtype=torch.uint8, device=device, pin_memory=pin_memory)
+        (rs, cs) = mxfp8_scale_shapes(shape)
+        row = torch.empty(shape, **kw) if self.rowwise_usage else None
+        col = torch.empty(shape, **kw) if self.columnwise_usage else None
+        return MXFP8Tensor(shape=shape, dtype=dtype, rowwise_data=row, columnwise_data=col,
+                           rowwise_scale_inv=torch.zeros(rs, **kw) if row is not None else None,
+                           columnwise_scale_inv=torch.zeros(cs, **kw) if col is not None else None,
+                           fp8_dtype=self.dtype, quantizer=self.copy(),
+                           with_gemm_swizzled_scales=self.optimize_for_gemm, requires_grad=requires_grad)
+
+    def _config(self):
+        return super()._config() + (self.dtype, self.with_2d_quantization)
+
+
+QUANTIZER_CLASSES = (Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer)
 
 
 def check_quantizer(op: str, quantizer, allow_none: bool = True):

@@ -59,6 +59,32 @@ class QuantizedTensor:
             n *= s
         return n
 
+    # Names of the raw rowwise / columnwise FP8 buffers, and of the buffers that tell the device (per class).
+    _ROW = _COL = None
+    _BUFFERS = ()
+
+    @property
+    def device(self) -> torch.device:
+        for name in self._BUFFERS:
+            t = getattr(self, name)
+            if t is not None:
+                return t.device
+        return torch.device("cpu")
+
+    def _fp8_view(self, name):
+        t = getattr(self, name)
+        return None if t is None else t.view(to_torch_dtype(self._fp8_dtype))
+
+    @property
+    def rowwise_data(self):
+        """The rowwise codes as a float8 tensor (a view of the uint8 buffer)."""
+        return self._fp8_view(self._ROW)
+
+    @property
+    def columnwise_data(self):
+        """The columnwise codes as a float8 tensor (a view of the uint8 buffer)."""
+        return self._fp8_view(self._COL)
+
     def dequantize(self, dtype=None) -> torch.Tensor:
         raise NotImplementedError
 
@@ -69,6 +95,8 @@ class QuantizedTensor:
 class Float8Tensor(QuantizedTensor):
     """Per-tensor scaled FP8: `_data` uint8 of `shape`, `_transpose` uint8 of `(K,) + shape[:-1]`,
     `_scale_inv` float32 [1] shared by both copies."""
+
+    _ROW, _COL, _BUFFERS = "_data", "_transpose", ("_data", "_transpose", "_scale_inv")
 
     def __init__(self, *, shape=None, dtype=torch.float32, data=None, fp8_scale_inv=None,
                  fp8_dtype=DType.kFloat8E4M3, data_transpose=None, quantizer=None, requires_grad=False,
@@ -94,21 +122,6 @@ class Float8Tensor(QuantizedTensor):
         t._data, t._transpose, t._transpose_invalid = data, transpose, transpose is None
         t._scale_inv, t._fp8_dtype = scale_inv, fp8_dtype
         return t
-
-    @property
-    def device(self) -> torch.device:
-        for t in (self._data, self._transpose, self._scale_inv):
-            if t is not None:
-                return t.device
-        return torch.device("cpu")
-
-    @property
-    def rowwise_data(self):
-        return None if self._data is None else self._data.view(to_torch_dtype(self._fp8_dtype))
-
-    @property
-    def columnwise_data(self):
-        return None if self._transpose is None else self._transpose.view(to_torch_dtype(self._fp8_dtype))
 
     def dequantize(self, dtype=None) -> torch.Tensor:
         dtype = self._dtype if dtype is None else to_torch_dtype(dtype)
@@ -173,3 +186,182 @@ class Float8Tensor(QuantizedTensor):
         out = self._replace(m(self._data), m(self._transpose), self._shape)
         out._scale_inv = m(self._scale_inv)
         return out
+
+
+# ---- MXFP8 ---------------------------------------------------------------------------------------------------
+MX_BLOCK = 32
+
+
+def _ceil_div(a, b):
+    return (a + b - 1) // b
+
+
+def _roundup(a, b):
+    return _ceil_div(a, b) * b
+
+
+def _rows_cols(shape):
+    """The flattened [M, K] of a shape (SPEC conventions: 1-D is [1, K])."""
+    shape = tuple(shape)
+    k = shape[-1] if shape else 1
+    m = 1
+    for s in shape[:-1]:
+        m *= s
+    return m, k
+
+
+def mxfp8_scale_shapes(shape):
+    """(rowwise, columnwise) padded E8M0 scale shapes of SPEC §4.8 for a tensor of `shape`."""
+    m, k = _rows_cols(shape)
+    return ((_roundup(m, 128), _roundup(_ceil_div(k, MX_BLOCK), 4)),
+            (_roundup(_ceil_div(m, MX_BLOCK), 4), _roundup(k, 128)))
+
+
+def _swizzle(buf, rows, cols, inverse=False):
+    """The cuBLASLt scale swizzle of SPEC §4.8 on a [rows, cols] matrix (multiples of 128 x 4): view the compact
+    matrix as (rows/128, 4, 32, cols/4, 4) and swap dims 1 and 3; `inverse` views the swizzled bytes as
+    (rows/128, cols/4, 32, 4, 4) and swaps them back."""
+    view = (rows // 128, cols // 4, 32, 4, 4) if inverse else (rows // 128, 4, 32, cols // 4, 4)
+    return buf.reshape(view).permute(0, 3, 2, 1, 4).reshape(rows, cols)
+
+
+def swizzle_mx_scales(scale, columnwise):
+    """Compact <-> GEMM-swizzled bytes of an MXFP8 scale tensor (same shape). Columnwise scales are swizzled as
+    their transpose [roundup(K, 128), roundup(ceil(M/32), 4)] (SPEC §4.8)."""
+    r, c = scale.shape
+    if r == 0 or c == 0:
+        return scale.clone()
+    if not columnwise:
+        return _swizzle(scale, r, c)
+    # The transpose [c, r] is swizzled; its bytes fill the [r, c] buffer.
+    return _swizzle(scale.t(), c, r).reshape(r, c)
+
+
+def unswizzle_mx_scales(scale, columnwise):
+    """Inverse of `swizzle_mx_scales`."""
+    r, c = scale.shape
+    if r == 0 or c == 0:
+        return scale.clone()
+    if not columnwise:
+        return _swizzle(scale, r, c, inverse=True)
+    return _swizzle(scale, c, r, inverse=True).t().contiguous()
+
+
+def e8m0_to_float32(codes):
+    """Exact 2^(e - 127) of uint8 E8M0 codes as float32 (code 0 is the subnormal 2^-127, 0xFF is NaN)."""
+    c = codes.to(torch.int32)
+    bits = torch.where(c == 0, torch.full_like(c, 0x400000), c << 23)
+    bits = torch.where(c == 255, torch.full_like(c, 0x7FC00000), bits)
+    return bits.view(torch.float32)
+
+
+class MXFP8Tensor(QuantizedTensor):
+    """MXFP8 (SPEC §4.5, §4.9): `_rowwise_data` and `_columnwise_data` are uint8 FP8 codes, both of `shape` (the
+    columnwise copy is NOT transposed; its blocks run down the rows). `_rowwise_scale_inv` is uint8 E8M0
+    [roundup(M, 128), roundup(K/32, 4)], `_columnwise_scale_inv` uint8 E8M0 [roundup(ceil(M/32), 4),
+    roundup(K, 128)], padding zero; byte e means 2^(e - 127). E8M0 is stored as torch.uint8 (TE-compatible);
+    `rowwise_scale_inv` / `columnwise_scale_inv` are `torch.float8_e8m0fnu` views where torch has that dtype.
+    `_with_gemm_swizzled_scales`: the scale bytes are in cuBLASLt's swizzled layout (same shapes)."""
+
+    _ROW, _COL, _BUFFERS = "_rowwise_data", "_columnwise_data", ("_rowwise_data", "_columnwise_data")
+
+    def __init__(self, *, shape=None, dtype=torch.float32, rowwise_data=None, columnwise_data=None,
+                 rowwise_scale_inv=None, columnwise_scale_inv=None, fp8_dtype=DType.kFloat8E4M3, quantizer=None,
+                 with_gemm_swizzled_scales=False, requires_grad=False, device=None):
+        if shape is None:
+            data = rowwise_data if rowwise_data is not None else columnwise_data
+            if data is None:
+                raise ValueError("MXFP8Tensor: give `shape` or a data buffer")
+            shape = data.shape
+        super().__init__(shape, dtype, quantizer, requires_grad)
+        self._rowwise_data = rowwise_data
+        self._columnwise_data = columnwise_data
+        self._rowwise_scale_inv = rowwise_scale_inv
+        self._columnwise_scale_inv = columnwise_scale_inv
+        self._fp8_dtype = as_fp8_dtype(fp8_dtype)
+        self._with_gemm_swizzled_scales = bool(with_gemm_swizzled_scales)
+
+    @classmethod
+    def _from_op(cls, shape, dtype, row, row_si, col, col_si, fp8_dtype, swizzled, quantizer):
+        """The tensor of what a quantizing op returned (trusted arguments, no keyword parsing)."""
+        t = object.__new__(cls)
+        t._shape, t._dtype, t._quantizer, t.requires_grad = shape, dtype, quantizer, False
+        t._rowwise_data, t._rowwise_scale_inv = row, row_si
+        t._columnwise_data, t._columnwise_scale_inv = col, col_si
+        t._fp8_dtype, t._with_gemm_swizzled_scales = fp8_dtype, swizzled
+        return t
+
+    @staticmethod
+    def _typed_scale(s):
+        e8m0 = getattr(torch, "float8_e8m0fnu", None)
+        return s if s is None or e8m0 is None else s.view(e8m0)
+
+    @property
+    def rowwise_scale_inv(self):
+        return self._typed_scale(self._rowwise_scale_inv)
+
+    @property
+    def columnwise_scale_inv(self):
+        return self._typed_scale(self._columnwise_scale_inv)
+
+    def _compact_scale(self, columnwise):
+        s = self._columnwise_scale_inv if columnwise else self._rowwise_scale_inv
+        return unswizzle_mx_scales(s, columnwise) if self._with_gemm_swizzled_scales else s
+
+    def dequantize(self, dtype=None) -> torch.Tensor:
+        """fl(fp8 * 2^(e - 127)) in FP32, rounded once to `dtype` (SPEC §4.5); rowwise copy when present."""
+        dtype = self._dtype if dtype is None else to_torch_dtype(dtype)
+        columnwise = self._rowwise_data is None
+        data = self._columnwise_data if columnwise else self._rowwise_data
+        if data is None:
+            raise RuntimeError("MXFP8Tensor.dequantize: the tensor holds neither a rowwise nor a columnwise copy")
+        m, k = _rows_cols(self._shape)
+        s = self._compact_scale(columnwise)
+        if columnwise:
+            f = e8m0_to_float32(s[:_ceil_div(m, MX_BLOCK), :k]).repeat_interleave(MX_BLOCK, dim=0)[:m]
+        else:
+            f = e8m0_to_float32(s[:m, :k // MX_BLOCK]).repeat_interleave(MX_BLOCK, dim=1)
+        v = data.reshape(m, k).view(to_torch_dtype(self._fp8_dtype)).to(torch.float32)
+        return (v * f).to(dtype).reshape(self._shape)
+
+    def update_usage(self, rowwise_usage=None, columnwise_usage=None):
+        """Drops a copy, or checks a requested one exists: an MXFP8 copy cannot be derived from the other (each is
+        quantized from the high-precision values), so a missing one must be re-quantized."""
+        for want, name in ((rowwise_usage, "rowwise"), (columnwise_usage, "columnwise")):
+            if want and getattr(self, f"_{name}_data") is None:
+                raise RuntimeError(f"MXFP8Tensor.update_usage: the {name} copy is absent and cannot be derived from "
+                                   f"the other one; quantize the high-precision tensor again with {name}=True")
+        if rowwise_usage is False:
+            if self._columnwise_data is None:
+                raise RuntimeError("MXFP8Tensor.update_usage: dropping the rowwise copy would leave no data")
+            self._rowwise_data = self._rowwise_scale_inv = None
+        if columnwise_usage is False:
+            if self._rowwise_data is None:
+                raise RuntimeError("MXFP8Tensor.update_usage: dropping the columnwise copy would leave no data")
+            self._columnwise_data = self._columnwise_scale_inv = None
+
+    def _map(self, fn, shape=None, data_fn=None):
+        data_fn = data_fn or fn
+        m = lambda f, t: None if t is None else f(t)  # noqa: E731
+        return MXFP8Tensor._from_op(self._shape if shape is None else shape, self._dtype,
+                                    m(data_fn, self._rowwise_data), m(fn, self._rowwise_scale_inv),
+                                    m(data_fn, self._columnwise_data), m(fn, self._columnwise_scale_inv),
+                                    self._fp8_dtype, self._with_gemm_swizzled_scales, self._quantizer)
+
+    def clone(self):
+        return self._map(lambda t: t.clone())
+
+    def to(self, device):
+        return self._map(lambda t: t.to(device))
+
+    def view(self, *shape):
+        """Exact view changing only leading dims (the scales, laid out over the flattened [M, K], are shared)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        new_shape = torch.empty(self._shape, device="meta").view(*shape).shape
+        if len(new_shape) == 0 or (len(self._shape) and new_shape[-1] != self._shape[-1]):
+            raise ValueError(f"MXFP8Tensor.view: only leading dims may change (last dim {self._shape[-1]}), "
+                             f"got {tuple(new_shape)}")
+        return self._map(lambda t: t, new_shape, lambda t: t.view(new_shape))
+
+    reshape = view

@@ -77,19 +77,9 @@ void act_dispatch_dtype(DType in_dtype, const ActKernelParams& p, const Parallel
 
 void activation_cpu(ActKind kind, bool backward, DType in_dtype, const ActKernelParams& p,
                     const ParallelFor& parallel_for) {
-  switch (kind) {
-#define TE_CPU_ACT_CASE(code, F, gated)                                          \
-  case ActKind::code:                                                            \
-    if (backward) {                                                              \
-      act_dispatch_dtype<ActOp<F, gated>, true>(in_dtype, p, parallel_for);      \
-    } else {                                                                     \
-      act_dispatch_dtype<ActOp<F, gated>, false>(in_dtype, p, parallel_for);     \
-    }                                                                            \
-    return;
-    TE_FOR_EACH_ACTIVATION(TE_CPU_ACT_CASE)
-#undef TE_CPU_ACT_CASE
-  }
-  core_fail("activation code " + std::to_string(int(kind)) + " is not known; accepted: 0..11 (TE's enum)");
+  visit_activation(kind, backward, [&](auto op, auto bwd) {
+    act_dispatch_dtype<decltype(op), decltype(bwd)::value>(in_dtype, p, parallel_for);
+  });
 }
 
 void dbias_reduce_cpu(const float* partial, int64_t partial_rows, int64_t cols, DType out_dtype, void* out) {

@@ -755,11 +755,12 @@ inline bool force_tables() {
 }
 
 // Blocks of `kernel` resident per SM with `smem` bytes of dynamic shared memory, after allowing that much (cached
-// per kernel; 0 if unknown).
+// per kernel; 0 if unknown). The allowance is set for any dynamic size: without it, static plus dynamic shared
+// memory may not exceed 48 KB (e.g. 48 KB of dynamic next to a few KB of static would not launch).
 template <auto kernel> int resident_per_sm(int threads, size_t smem) {
   static int per_sm = -1;
   if (per_sm < 0) {
-    if (smem > 48 * 1024) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (smem > 0) cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
     int n = 0;
     per_sm = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem) == cudaSuccess ? n : 0;
   }

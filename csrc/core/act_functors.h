@@ -3,6 +3,8 @@
 // TE_FOR_EACH_ACTIVATION, one row in tests/. All math is FP32, identical on host and device.
 #pragma once
 
+#include <type_traits>
+
 #include "math.h"
 
 namespace te {
@@ -136,6 +138,24 @@ TE_HD bool act_is_gated(ActKind k) {
 #undef TE_GATED_CASE
   }
   return false;
+}
+
+// Runtime (kind, direction) -> compile time: calls visit(ActOp<F, gated>{}, std::bool_constant<backward>{}) for
+// the functor of `kind`. The one dispatch switch the CPU and CUDA launchers of every kernel family go through.
+template <class Visitor> void visit_activation(ActKind kind, bool backward, Visitor&& visit) {
+  switch (kind) {
+#define TE_VISIT_CASE(code, F, gated)                            \
+  case ActKind::code:                                            \
+    if (backward) {                                              \
+      visit(ActOp<F, gated>{}, std::bool_constant<true>{});      \
+    } else {                                                     \
+      visit(ActOp<F, gated>{}, std::bool_constant<false>{});     \
+    }                                                            \
+    return;
+    TE_FOR_EACH_ACTIVATION(TE_VISIT_CASE)
+#undef TE_VISIT_CASE
+  }
+  core_fail("activation code " + std::to_string(int(kind)) + " is not known; accepted: 0..11 (TE's enum)");
 }
 
 inline bool act_is_known(int code) {

@@ -14,19 +14,9 @@ TE_FOR_EACH_ACTIVATION(TE_DECLARE_ACT_CUDA)
 }  // namespace act_cuda
 
 void activation_cuda(ActKind kind, bool backward, DType in_dtype, const ActKernelParams& p, cudaStream_t s) {
-  switch (kind) {
-#define TE_CUDA_ACT_CASE(code, F, gated)                                     \
-  case ActKind::code:                                                        \
-    if (backward) {                                                          \
-      act_cuda::launch_act<ActOp<F, gated>, true>(in_dtype, p, s);           \
-    } else {                                                                 \
-      act_cuda::launch_act<ActOp<F, gated>, false>(in_dtype, p, s);          \
-    }                                                                        \
-    return;
-    TE_FOR_EACH_ACTIVATION(TE_CUDA_ACT_CASE)
-#undef TE_CUDA_ACT_CASE
-  }
-  core_fail("activation code " + std::to_string(int(kind)) + " is not known; accepted: 0..11 (TE's enum)");
+  visit_activation(kind, backward, [&](auto op, auto bwd) {
+    act_cuda::launch_act<decltype(op), decltype(bwd)::value>(in_dtype, p, s);
+  });
 }
 
 namespace {

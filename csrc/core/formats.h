@@ -159,4 +159,39 @@ TE_HD float fp8_to_float(uint8_t c, bool e4m3) {
   return bits_float(sign | ((exp + uint32_t(127 - f.bias)) << 23) | (mant << (23 - f.mant_bits)));
 }
 
+// ---- E8M0 (MX block scales) ------------------------------------------------------------------------------
+// A scale byte e stands for 2^(e - 127); 0xFF is NaN. Stored as uint8 (SPEC §2, §4.5).
+// Encode of a non-negative FP32 value, rounding UP to a power of two (not the OCP floor rule): NaN -> 0xFF,
+// +Inf -> 0xFE, zero/subnormal -> 0 if v <= 2^-127 else 1, saturating at 0xFE, else E + (mantissa != 0).
+TE_HD uint8_t e8m0_encode(float v) {
+  const uint32_t x = float_bits(v);
+  const uint32_t e = (x >> 23) & 0xFFu, f = x & 0x7FFFFFu;
+  if (e == 0xFFu) return f != 0u ? uint8_t(0xFF) : uint8_t(0xFE);
+  if (e == 0u) return f <= 0x400000u ? uint8_t(0) : uint8_t(1);
+  if (e == 0xFEu) return uint8_t(0xFE);
+  return uint8_t(e + (f != 0u ? 1u : 0u));
+}
+
+// 2^(e - 127) exactly (the dequantize factor): e = 0 is the subnormal 2^-127.
+TE_HD float e8m0_to_float(uint8_t e) {
+  if (e == 0xFFu) return bits_float(0x7FC00000u);
+  return e == 0u ? bits_float(0x400000u) : bits_float(uint32_t(e) << 23);
+}
+
+// 2^(127 - e) exactly (the quantize multiplier, the reciprocal of the scale): e = 254 gives the subnormal
+// 2^-127, e = 0 gives 2^127, e = 255 gives NaN. Built from bits, never divided.
+TE_HD float e8m0_multiplier(uint8_t e) {
+  if (e == 0xFFu) return bits_float(0x7FC00000u);
+  return e == 0xFEu ? bits_float(0x400000u) : bits_float(uint32_t(254u - e) << 23);
+}
+
+// fl(1 / fp8_max) as FP32 constants: the MX scale rule multiplies by these, it never divides by fp8_max.
+constexpr float kInvE4m3Max = 0x1.24924ap-9f;   // fl(1/448)
+constexpr float kInvE5m2Max = 0x1.24924ap-16f;  // fl(1/57344)
+
+// The E8M0 code of a block with the given amax (SPEC §4.5): e = encode(fl(amax * fl(1/fp8_max))).
+TE_HD uint8_t mx_block_code(float block_amax, bool e4m3) {
+  return e8m0_encode(block_amax * (e4m3 ? kInvE4m3Max : kInvE5m2Max));
+}
+
 }  // namespace te

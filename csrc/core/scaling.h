@@ -48,4 +48,17 @@ TE_HD void delayed_update_slot(float* history, int64_t hist_len, int64_t n, int6
   }
 }
 
+// ---- Block-scale layouts (SPEC §4.8) -----------------------------------------------------------------------
+// Byte offset of compact element (r, c) of a scale matrix padded to [roundup(R, 128), cpad] (cpad a multiple of 4)
+// in cuBLASLt's swizzled layout: 128x4 tiles (512 bytes) row-major over (tile_row, tile_col); inside a tile the
+// element at local (i, j) sits at (i % 32) * 16 + (i / 32) * 4 + j.
+TE_HD int64_t swizzled_scale_offset(int64_t r, int64_t c, int64_t cpad) {
+  const int64_t tile = (r / 128) * (cpad / 4) + c / 4;
+  const int64_t i = r % 128, j = c % 4;
+  return tile * 512 + (i % 32) * 16 + (i / 32) * 4 + j;
+}
+
+TE_HD int64_t roundup(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+TE_HD int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 }  // namespace te

@@ -141,6 +141,58 @@ void run_fp8_per_tensor(const ActRequest& r, const ActGeometry& geo, const Quant
   run_activation(r.kind, r.backward, dt, p, x);
 }
 
+std::string mx_format_name(const QuantSpec& spec) { return spec.e4m3() ? "MXFP8 E4M3" : "MXFP8 E5M2"; }
+
+// SPEC §4.5: MXFP8 needs a tensor of rank >= 1 whose (output) last dim is a multiple of 32.
+void check_mxfp8_shape(const ActRequest& r, const ActGeometry& geo, const QuantSpec& spec) {
+  TORCH_CHECK_VALUE(r.x.dim() > 0, r.op, ": ", mx_format_name(spec), " cannot quantize a 0-d tensor (input ",
+                    dtype_name(r.x.scalar_type()), " shape [] on ", arch_name(r.x),
+                    "): its blocks run along the last dim; reshape to [1, 32] and pad, or use a per-tensor FP8 quantizer");
+  TORCH_CHECK_VALUE(geo.out_cols % te::kMxBlock == 0, r.op, ": ", mx_format_name(spec),
+                    " quantizes blocks of 32 along the last dim, so the last dim of the quantized tensor must be a "
+                    "multiple of 32; got quantized shape ", shape_str(geo.out_shape), " (input ", shape_str(r.x), " ",
+                    dtype_name(r.x.scalar_type()), " on ", arch_name(r.x), "). Pad the last dim to ",
+                    std::to_string(te::roundup(geo.out_cols, te::kMxBlock)), " or use a per-tensor FP8 quantizer");
+}
+
+// Fills (or allocates) the MXFP8 outputs and runs the FULLY_FUSED MXFP8 kernel (SPEC §5.1): both copies and the
+// dbias partials from one read of the input.
+void run_mxfp8_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec& spec, te::DType dt,
+                    const te::ActKernelParams& base, QuantOutputs& o, bool into) {
+  const Tensor& x = r.x;
+  const te::Mxfp8ScaleShapes ss = te::mxfp8_scale_shapes(geo.rows, geo.out_cols);
+  if (!into) {
+    const auto u8 = x.options().dtype(at::kByte);
+    if (spec.rowwise) {
+      o.row_data = at::empty(geo.out_shape, u8);
+      o.row_scale_inv = at::empty({ss.row_r, ss.row_c}, u8);
+    }
+    if (spec.columnwise) {
+      o.col_data = at::empty(geo.out_shape, u8);
+      o.col_scale_inv = at::empty({ss.col_r, ss.col_c}, u8);
+    }
+  }
+  te::Mxfp8Params p;
+  p.x = base.x;
+  p.grad = base.grad;
+  p.dbias_partial = base.dbias_partial;
+  p.noop = base.noop;
+  p.rows = geo.rows;
+  p.cols = geo.cols;
+  p.act = base.act;
+  p.e4m3 = spec.e4m3();
+  p.swizzled = spec.swizzled();
+  if (spec.rowwise) {
+    p.row_data = o.row_data.data_ptr<uint8_t>();
+    p.row_scale = o.row_scale_inv.data_ptr<uint8_t>();
+  }
+  if (spec.columnwise) {
+    p.col_data = o.col_data.data_ptr<uint8_t>();
+    p.col_scale = o.col_scale_inv.data_ptr<uint8_t>();
+  }
+  run_mxfp8(r.kind, r.backward, dt, p, x);
+}
+
 // The activation helper: validates, picks the fusion path (SPEC §5.1), runs the kernels and returns what they
 // produced.
 ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* into) {
@@ -159,10 +211,13 @@ ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* i
   p.act = r.args;
   p.noop = spec.noop ? spec.noop->data_ptr<float>() : nullptr;
 
+  const bool mx = spec.kind == te::QuantKind::kMxfp8;
+  if (mx) check_mxfp8_shape(r, geo, spec);
   Tensor partial, grad_bias;
   if (r.with_dbias) {
     TORCH_CHECK_VALUE(!te::act_is_gated(r.kind), r.op, ": dbias is defined for unary activations only");
-    partial = at::empty({te::act_dbias_blocks(geo.rows, geo.cols), geo.out_cols}, r.x.options().dtype(at::kFloat));
+    const int64_t partial_rows = mx ? te::mxfp8_dbias_blocks(geo.rows) : te::act_dbias_blocks(geo.rows, geo.cols);
+    partial = at::empty({partial_rows, geo.out_cols}, r.x.options().dtype(at::kFloat));
     grad_bias = at::empty({geo.out_cols}, r.x.options());
     p.dbias_partial = partial.data_ptr<float>();
   }
@@ -183,10 +238,14 @@ ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* i
         run_fp8_per_tensor(r, geo, spec, dt, p, o, into != nullptr);
         break;
       }
+      if (mx) {
+        run_mxfp8_path(r, geo, spec, dt, p, o, into != nullptr);
+        break;
+      }
       [[fallthrough]];
     default:
       TORCH_CHECK_NOT_IMPLEMENTED(false, r.op, ": quantizer kind ", std::to_string(int(spec.kind)),
-                                  " (MXFP8 / NVFP4 / FP8 block) is not available in this build yet");
+                                  " (NVFP4 / FP8 block) is not available in this build yet");
   }
   if (r.with_dbias) {
     if (geo.rows == 0 || geo.out_cols == 0) {
@@ -276,12 +335,35 @@ void quantize_into(const Tensor& x, TE_QSPEC_PARAMS, const c10::optional<Tensor>
                    const c10::optional<Tensor>& row_scale_inv, const c10::optional<Tensor>& col_data,
                    const c10::optional<Tensor>& col_scale_inv) {
   const char* op = "quantize_into";
-  TORCH_CHECK_VALUE(qkind == 1 || qkind == 2, op, ": in-place quantization supports FP8 per-tensor quantizers (kinds 1, 2), got ", std::to_string(qkind));
+  TORCH_CHECK_VALUE(qkind == 1 || qkind == 2 || qkind == 3, op,
+                    ": in-place quantization supports FP8 per-tensor and MXFP8 quantizers (kinds 1, 2, 3), got ",
+                    std::to_string(qkind));
   QuantSpec spec = TE_QSPEC_ARGS(op, x);
   ActRequest r{op, te::ActKind::kIdentity, false, x, c10::nullopt, te::ActArgs{}, false};
   input_dtype(x, op, "input");
   const ActGeometry geo = geometry(r);
   QuantOutputs o;
+  if (spec.kind == te::QuantKind::kMxfp8) {
+    check_mxfp8_shape(r, geo, spec);
+    const te::Mxfp8ScaleShapes ss = te::mxfp8_scale_shapes(geo.rows, geo.out_cols);
+    spec.rowwise = spec.rowwise && row_data.has_value() && row_scale_inv.has_value();
+    spec.columnwise = spec.columnwise && col_data.has_value() && col_scale_inv.has_value();
+    TORCH_CHECK_VALUE(spec.rowwise || spec.columnwise, op, ": the MXFP8 output has no buffers for the requested usage");
+    if (spec.rowwise) {
+      o.row_data = *row_data;
+      o.row_scale_inv = *row_scale_inv;
+      check_buffer(o.row_data, geo.out_shape, at::kByte, x, op, "_rowwise_data");
+      check_buffer(o.row_scale_inv, {ss.row_r, ss.row_c}, at::kByte, x, op, "_rowwise_scale_inv");
+    }
+    if (spec.columnwise) {
+      o.col_data = *col_data;
+      o.col_scale_inv = *col_scale_inv;
+      check_buffer(o.col_data, geo.out_shape, at::kByte, x, op, "_columnwise_data");
+      check_buffer(o.col_scale_inv, {ss.col_r, ss.col_c}, at::kByte, x, op, "_columnwise_scale_inv");
+    }
+    activation_helper(r, spec, &o);
+    return;
+  }
   TORCH_CHECK_VALUE(row_scale_inv.has_value(), op, ": the output's scale_inv buffer is missing");
   check_buffer(*row_scale_inv, {1}, at::kFloat, x, op, "_scale_inv");
   o.row_scale_inv = *row_scale_inv;

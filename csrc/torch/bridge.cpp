@@ -79,11 +79,16 @@ QuantSpec make_spec(const char* op, int64_t qkind, int64_t qdtype, bool rowwise,
   s.scale = scale;
   s.amax = amax;
   s.noop = noop;
-  const bool per_tensor = s.kind == te::QuantKind::kFp8Delayed || s.kind == te::QuantKind::kFp8Current;
-  if (per_tensor) {
+  const bool fp8_codes = s.kind == te::QuantKind::kFp8Delayed || s.kind == te::QuantKind::kFp8Current ||
+                         s.kind == te::QuantKind::kMxfp8;
+  if (fp8_codes) {
     TORCH_CHECK_VALUE(s.dtype == te::DType::kFloat8E4M3 || s.dtype == te::DType::kFloat8E5M2, op,
                       ": FP8 quantizer dtype must be kFloat8E4M3 (7) or kFloat8E5M2 (8), got ", std::to_string(qdtype));
     TORCH_CHECK_VALUE(rowwise || columnwise, op, ": the quantizer has neither rowwise nor columnwise usage");
+  }
+  if (s.kind == te::QuantKind::kMxfp8) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!s.two_d(), op, ": MXFP8 with_2d_quantization (32x32 tiles) is not provided; "
+                                "use 1x32 / 32x1 blocks (with_2d_quantization=False)");
   }
   if (s.kind == te::QuantKind::kFp8Delayed) {
     TORCH_CHECK_VALUE(scale.has_value() && amax.has_value(), op, ": a delayed-scaling FP8 quantizer needs scale and amax");
@@ -109,6 +114,13 @@ te::FusionPath choose_fusion_path(const QuantSpec& spec) {
   return te::FusionPath::kUnfused;
 }
 
+namespace {
+// The CPU kernels' parallel loop: ATen's thread pool.
+void cpu_parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& body) {
+  at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { body(b, e); });
+}
+}  // namespace
+
 void run_activation(te::ActKind kind, bool backward, te::DType dtype, const te::ActKernelParams& p,
                     const Tensor& ref) {
   if (ref.is_cuda()) {
@@ -118,9 +130,19 @@ void run_activation(te::ActKind kind, bool backward, te::DType dtype, const te::
     TORCH_CHECK(false, "transformer_engine_torch was built without CUDA; CUDA tensors are not supported");
 #endif
   } else {
-    te::activation_cpu(kind, backward, dtype, p, [](int64_t n, const std::function<void(int64_t, int64_t)>& body) {
-      at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) { body(b, e); });
-    });
+    te::activation_cpu(kind, backward, dtype, p, cpu_parallel_for);
+  }
+}
+
+void run_mxfp8(te::ActKind kind, bool backward, te::DType dtype, const te::Mxfp8Params& p, const Tensor& ref) {
+  if (ref.is_cuda()) {
+#if defined(TE_WITH_CUDA)
+    te::quantize_mxfp8_cuda(kind, backward, dtype, p, current_stream());
+#else
+    TORCH_CHECK(false, "transformer_engine_torch was built without CUDA; CUDA tensors are not supported");
+#endif
+  } else {
+    te::quantize_mxfp8_cpu(kind, backward, dtype, p, cpu_parallel_for);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../core/activation.h"
+#include "../core/quantize_mxfp8.h"
 
 #if defined(TE_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
@@ -42,6 +43,8 @@ struct QuantSpec {
   c10::optional<Tensor> scale, amax, noop;
 
   bool force_pow2() const { return flags & 1; }
+  bool two_d() const { return flags & (1 << 1); }
+  bool swizzled() const { return flags & (1 << 5); }
   bool e4m3() const { return dtype == te::DType::kFloat8E4M3; }
 };
 
@@ -57,6 +60,7 @@ void check_scalar_f32(const Tensor& t, const Tensor& ref, const char* op, const 
 
 // Launches on the current stream of `ref`'s device (or the CPU thread pool).
 void run_activation(te::ActKind kind, bool backward, te::DType dtype, const te::ActKernelParams& p, const Tensor& ref);
+void run_mxfp8(te::ActKind kind, bool backward, te::DType dtype, const te::Mxfp8Params& p, const Tensor& ref);
 void run_dbias_reduce(const Tensor& partial, Tensor& out);
 // Zeroes a one-element float32 tensor: a 4-byte memset on the current stream for CUDA (cheaper to issue than a
 // fill kernel, capturable), a plain store on the CPU.

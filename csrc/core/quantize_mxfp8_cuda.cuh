@@ -1,0 +1,311 @@
+// CUDA kernel of MXFP8 quantization fused with the activation functors (SPEC §4.5, §5.1 FULLY_FUSED; layout and
+// invariants in quantize_mxfp8.h). Included by the act_*.cu translation units, which instantiate it next to the
+// activation kernels of the same family (TE_INSTANTIATE_MXFP8_CUDA), so the build stays parallel.
+//
+// One block of 256 threads owns a 32-row x 64-column output tile at a time: thread t takes the 8 consecutive
+// output columns 8*(t%8).. of row t/8, one 16-byte load per input stream (two for FP32). From that one read it
+// evaluates the op (eval8: the bf16 lookup tables for exp-based functors, else the functor), rounds to the input
+// dtype, and derives
+//   - the rowwise scale of its 1x32 block: a max over the 4 lanes holding the block (two shuffles);
+//   - the columnwise scale of each of its 8 columns: a max over the 4 rows of the warp (two shuffles), then
+//     over the 8 warps through shared memory;
+//   - the dbias partial of each column (FP32 sums of the unrounded values, in a fixed order).
+// Blocks walk tiles grid-stride (a resident grid, so the tables are filled once per block). Loads run kStages - 1
+// tiles ahead through cp.async into per-thread shared-memory slots (each thread reads back only what it copied, so
+// the pipeline needs no block barrier and no registers for the tiles in flight). Scale padding is written as zero
+// by the tiles on the last row / column.
+#pragma once
+
+#include "act_cuda.cuh"
+#include "quantize_mxfp8.h"
+
+namespace te {
+namespace mx_cuda {
+
+using act_cuda::kVec;
+using act_cuda::Vec8;
+
+constexpr int kMxThreads = 256;
+constexpr int kMxTileRows = int(kMxBlock);  // one columnwise block per tile
+constexpr int kMxTileCols = 64;
+constexpr int kMxWarps = kMxThreads / 32;
+static_assert(kMxTileRows * kMxTileCols == kMxThreads * kVec, "one 8-column chunk per thread");
+static_assert(kMxTileCols / kVec == 8, "a row of the tile is 8 lanes: a 1x32 block is 4 lanes, a warp holds 4 rows");
+
+struct MxGeom {
+  int64_t out_cols = 0;
+  int64_t n_row_tiles = 0, n_col_tiles = 0, n_tiles = 0;
+  bool vec = false;  // 16-byte aligned inputs and 8-byte aligned outputs
+};
+
+// Staging of the input tiles in flight: per stage, one slot of kVec raw elements per thread and input stream
+// (x, or a and b when gated; grad when backward). Stages: as many as fit in about 32 KB, 2 to 4.
+template <class Op, bool kBwd, typename InT> struct MxStaging {
+  static constexpr int kStreams = 1 + int(Op::kGated) + int(kBwd);
+  static constexpr int kChunkBytes = kVec * int(sizeof(InT));  // 16 (bf16/fp16) or 32 (fp32)
+  static constexpr int kStageBytes = kStreams * kMxThreads * kChunkBytes;
+  static constexpr int kStages = kStageBytes <= 8192 ? 4 : (kStageBytes <= 16384 ? 3 : 2);
+  static constexpr size_t kBytes = size_t(kStages) * size_t(kStageBytes);
+  static_assert(kChunkBytes % 16 == 0, "slots are copied in 16-byte pieces");
+};
+
+// 16-byte global -> shared copy, asynchronous on sm_80+ (cp.async.cg: bypasses L1), a plain copy before.
+__device__ __forceinline__ void mx_cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+#else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void mx_cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most N of this thread's committed groups are pending.
+template <int N> __device__ __forceinline__ void mx_cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+// Zero padding of the scale tensors owned by tile (tr, tc): the tiles on the last row / column own the entries
+// past the data (compact coordinates, then mapped to the layout).
+__device__ __forceinline__ void mx_write_padding(const Mxfp8Params& p, const MxGeom& geo, int64_t tr, int64_t tc) {
+  const bool last_r = tr == geo.n_row_tiles - 1, last_c = tc == geo.n_col_tiles - 1;
+  if (!last_r && !last_c) return;
+  const int64_t rows = p.rows, out_cols = geo.out_cols;
+  const int64_t row_r = roundup(rows, 128), row_c = roundup(out_cols / kMxBlock, 4);
+  const int64_t col_r = roundup(ceil_div(rows, kMxBlock), 4), col_c = roundup(out_cols, 128);
+  constexpr int64_t kBlocksPerTile = kMxTileCols / kMxBlock;
+  if (p.row_data != nullptr) {
+    const int64_t ra = tr * kMxTileRows, rb = last_r ? row_r : ra + kMxTileRows;
+    const int64_t ja = tc * kBlocksPerTile, jb = last_c ? row_c : ja + kBlocksPerTile;
+    const int64_t w = jb - ja;
+    for (int64_t i = threadIdx.x; i < (rb - ra) * w; i += kMxThreads) {
+      const int64_t r = ra + i / w, j = ja + i % w;
+      if (r >= rows || j >= out_cols / kMxBlock) p.row_scale[mx_row_scale_offset(r, j, out_cols, p.swizzled)] = 0;
+    }
+  }
+  if (p.col_data != nullptr) {
+    const int64_t ia = tr, ib = last_r ? col_r : tr + 1;
+    const int64_t ja = tc * kMxTileCols, jb = last_c ? col_c : ja + kMxTileCols;
+    const int64_t w = jb - ja;
+    for (int64_t i = threadIdx.x; i < (ib - ia) * w; i += kMxThreads) {
+      const int64_t bi = ia + i / w, j = ja + i % w;
+      if (bi >= geo.n_row_tiles || j >= out_cols)
+        p.col_scale[mx_col_scale_offset(bi, j, rows, out_cols, p.swizzled)] = 0;
+    }
+  }
+}
+
+// Eight values times a power of two -> eight FP8 codes (two little-endian words).
+__device__ __forceinline__ uint2 mx_encode8(const float (&v)[kVec], float m, bool e4m3) {
+  return e4m3 ? act_cuda::encode8_t<float, false, true>(v, m) : act_cuda::encode8_t<float, false, false>(v, m);
+}
+
+__device__ __forceinline__ void mx_store8(uint8_t* dst, uint2 w, bool vec) {
+  if (vec) {
+    *reinterpret_cast<uint2*>(dst) = w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) dst[k] = uint8_t((k < 4 ? w.x : w.y) >> (8 * (k % 4)));
+  }
+}
+
+template <class Op, bool kBwd, typename InT, bool kLut>
+__global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, const MxGeom geo) {
+  using Stage = MxStaging<Op, kBwd, InT>;
+  constexpr bool kGated = Op::kGated;
+  constexpr bool kTwoOut = kBwd && kGated;
+  constexpr int kStages = Stage::kStages;
+  __shared__ float cred[kMxWarps][kMxTileCols];  // per-warp column maxima
+  __shared__ float dred[kMxWarps][kMxTileCols];  // per-warp column sums (dbias)
+  __shared__ float cmul[kMxTileCols];            // columnwise multipliers of the tile
+  extern __shared__ uint4 mx_smem[];             // [staging | lookup tables]
+  unsigned char* staging = reinterpret_cast<unsigned char*>(mx_smem);
+  float* lut = reinterpret_cast<float*>(staging + Stage::kBytes);
+
+  if (p.noop != nullptr && *p.noop == 1.0f) return;
+  const int64_t rows = p.rows, cols = p.cols, out_cols = geo.out_cols;
+  const int64_t x_stride = kGated ? 2 * cols : cols;
+  const InT* x = static_cast<const InT*>(p.x);
+  const InT* g = static_cast<const InT*>(p.grad);
+  const int tid = threadIdx.x, cc = tid % 8, rr = tid / 8, warp = tid / 32, lane = tid % 32;
+  const bool want_col = p.col_data != nullptr, want_dbias = p.dbias_partial != nullptr;
+
+  // Geometry of this thread's chunk in tile `t`: row, first output column, first input position, which half.
+  struct Where {
+    int64_t r, oc0, c0;
+    int h;
+    bool valid;
+  };
+  auto where = [&](int64_t t) {
+    Where w;
+    const int64_t tr = t / geo.n_col_tiles, tc = t - tr * geo.n_col_tiles;
+    w.r = tr * kMxTileRows + rr;
+    w.oc0 = tc * kMxTileCols + cc * kVec;
+    w.h = (kTwoOut && w.oc0 >= cols) ? 1 : 0;
+    w.c0 = w.oc0 - w.h * cols;
+    w.valid = w.r < rows && w.oc0 < out_cols;
+    return w;
+  };
+  auto slot = [&](int stage, int stream) {
+    return staging + ((stage * Stage::kStreams + stream) * kMxThreads + tid) * Stage::kChunkBytes;
+  };
+  // Starts the copies of this thread's chunk of tile t into `stage` (aligned: cp.async; else element loads).
+  auto issue = [&](int64_t t, int stage) {
+    if (t >= geo.n_tiles) return;
+    const Where w = where(t);
+    if (!w.valid) return;
+    const InT* src[3] = {x + w.r * x_stride + w.c0, x + w.r * x_stride + cols + w.c0, g + w.r * cols + w.c0};
+    int stream = 0;
+#pragma unroll
+    for (int j = 0; j < 3; ++j) {
+      if ((j == 1 && !kGated) || (j == 2 && !kBwd)) continue;
+      unsigned char* dst = slot(stage, stream++);
+      if (geo.vec) {
+#pragma unroll
+        for (int b = 0; b < Stage::kChunkBytes; b += 16)
+          mx_cp_async16(dst + b, reinterpret_cast<const unsigned char*>(src[j]) + b);
+      } else {
+        *reinterpret_cast<Vec8<InT>*>(dst) = act_cuda::load8(src[j], false, kVec);
+      }
+    }
+  };
+  auto read = [&](int stage, int stream) { return *reinterpret_cast<const Vec8<InT>*>(slot(stage, stream)); };
+
+  const int64_t step = gridDim.x;
+#pragma unroll
+  for (int sidx = 0; sidx < kStages - 1; ++sidx) {
+    issue(blockIdx.x + sidx * step, sidx);
+    mx_cp_async_commit();
+  }
+  if constexpr (kLut) act_cuda::lut_fill<Op, kBwd, kMxThreads>(lut, p.act);  // overlaps the first copies
+  int stage = 0;
+  for (int64_t t = blockIdx.x; t < geo.n_tiles; t += step) {
+    const Where w = where(t);
+    issue(t + (kStages - 1) * step, (stage + kStages - 1) % kStages);  // the slot this thread read last tile
+    mx_cp_async_commit();
+    mx_cp_async_wait<kStages - 1>();  // this thread's copies of tile t have landed
+
+    float raw[kVec], v[kVec];
+    if (w.valid) {
+      const Vec8<InT> va = read(stage, 0);
+      const Vec8<InT> vb = kGated ? read(stage, 1) : va;
+      const Vec8<InT> vg = kBwd ? read(stage, kGated ? 2 : 1) : va;
+      float out[2][kVec];
+      act_cuda::eval8<Op, kBwd, kLut>(va, vb, vg, p.act, lut, out);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if constexpr (kTwoOut) {
+          raw[k] = w.h ? out[1][k] : out[0][k];  // [d_a | d_b]: both indices constant, no local memory
+        } else {
+          raw[k] = out[0][k];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) raw[k] = 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) v[k] = round_to<InT>(raw[k]);  // rnd_in before the block amax (SPEC §5.1)
+
+    // Rowwise: the 1x32 block is lanes 4*(cc/4)..+3 of this row.
+    if (p.row_data != nullptr) {
+      float a = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) a = amax_update(a, v[k]);
+      a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+      a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+      if (w.valid) {
+        const uint8_t e = mx_block_code(a, p.e4m3);
+        mx_store8(p.row_data + w.r * out_cols + w.oc0, mx_encode8(v, e8m0_multiplier(e), p.e4m3), geo.vec);
+        if (cc % 4 == 0) p.row_scale[mx_row_scale_offset(w.r, w.oc0 / kMxBlock, out_cols, p.swizzled)] = e;
+      }
+    }
+
+    // Columnwise maxima and dbias sums: 4 rows per warp by shuffles (lanes cc, cc+8, cc+16, cc+24), then 8 warps.
+    if (want_col || want_dbias) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        if (want_col) {
+          float a = amax_update(0.0f, v[k]);
+          a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 8));
+          a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 16));
+          if (lane < 8) cred[warp][cc * kVec + k] = a;
+        }
+        if (want_dbias) {
+          float s = raw[k];
+          s += __shfl_xor_sync(0xFFFFFFFFu, s, 8);
+          s += __shfl_xor_sync(0xFFFFFFFFu, s, 16);
+          if (lane < 8) dred[warp][cc * kVec + k] = s;
+        }
+      }
+      __syncthreads();
+      if (tid < kMxTileCols) {
+        const int64_t tr = t / geo.n_col_tiles;
+        const int64_t col = (t - tr * geo.n_col_tiles) * kMxTileCols + tid;
+        if (want_col) {
+          float a = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kMxWarps; ++i) a = amax_update(a, cred[i][tid]);
+          const uint8_t e = mx_block_code(a, p.e4m3);
+          cmul[tid] = e8m0_multiplier(e);
+          if (col < out_cols) p.col_scale[mx_col_scale_offset(tr, col, rows, out_cols, p.swizzled)] = e;
+        }
+        if (want_dbias && col < out_cols) {
+          float s = 0.0f;
+#pragma unroll
+          for (int i = 0; i < kMxWarps; ++i) s += dred[i][tid];
+          p.dbias_partial[tr * out_cols + col] = s;
+        }
+      }
+      __syncthreads();
+      if (want_col && w.valid) {
+        float q[kVec];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) q[k] = v[k] * cmul[cc * kVec + k];
+        mx_store8(p.col_data + w.r * out_cols + w.oc0, mx_encode8(q, 1.0f, p.e4m3), geo.vec);
+      }
+    }
+    {
+      const int64_t tr = t / geo.n_col_tiles;
+      mx_write_padding(p, geo, tr, t - tr * geo.n_col_tiles);
+    }
+    stage = (stage + 1) % kStages;
+  }
+}
+
+template <class Op, bool kBwd, typename T>
+void launch_mxfp8_t(const Mxfp8Params& p, const MxGeom& geo, cudaStream_t stream) {
+  constexpr bool kLut = Op::Fn::kTabulate && std::is_same<T, bf16_t>::value;
+  constexpr auto kernel = mxfp8_kernel<Op, kBwd, T, kLut>;
+  const size_t smem = MxStaging<Op, kBwd, T>::kBytes + (kLut ? act_cuda::LutPlan<Op, kBwd>::kBytes : 0);
+  const int per_sm = std::max(1, act_cuda::resident_per_sm<kernel>(kMxThreads, smem));
+  const int64_t resident = int64_t(per_sm) * act_cuda::device_sm_count_or_default();
+  kernel<<<unsigned(std::min(geo.n_tiles, resident)), kMxThreads, smem, stream>>>(p, geo);
+}
+
+template <class Op, bool kBwd> void launch_mxfp8(DType in_dtype, const Mxfp8Params& p, cudaStream_t stream) {
+  auto aligned = [](const void* ptr, int bytes) { return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0; };
+  MxGeom geo;
+  geo.out_cols = (kBwd && Op::kGated) ? 2 * p.cols : p.cols;
+  geo.n_row_tiles = ceil_div(p.rows, kMxTileRows);
+  geo.n_col_tiles = ceil_div(geo.out_cols, kMxTileCols);
+  geo.n_tiles = geo.n_row_tiles * geo.n_col_tiles;
+  if (geo.n_tiles == 0) return;  // no data, and the padded scale tensors are empty too
+  geo.vec = aligned(p.x, 16) && (p.grad == nullptr || aligned(p.grad, 16)) &&
+            (p.row_data == nullptr || aligned(p.row_data, 8)) && (p.col_data == nullptr || aligned(p.col_data, 8));
+  TE_SWITCH_IN_DTYPE(in_dtype, T, { launch_mxfp8_t<Op, kBwd, T>(p, geo, stream); });
+  act_cuda::check_launch("MXFP8 quantize kernel");
+}
+
+}  // namespace mx_cuda
+}  // namespace te
+
+// Explicit instantiation of the MXFP8 launcher of one activation in one direction (next to the activation
+// kernels of the same family in act_*.cu).
+#define TE_INSTANTIATE_MXFP8_CUDA(code, F, gated, bwd) \
+  template void te::mx_cuda::launch_mxfp8<te::ActOp<te::F, gated>, bwd>(te::DType, const te::Mxfp8Params&, cudaStream_t);
