@@ -246,6 +246,9 @@ void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
   // C is D (read only when beta != 0). With an FP8 D, C must be 16-bit; beta is 0 there (the bridge refuses
   // accumulation into FP8), so C is described as bias-typed and never read.
   const DType c_dtype = fp8_out ? (g.bias_dtype == DType::kFloat16 ? DType::kFloat16 : DType::kBFloat16) : g.d_dtype;
+  // C == D is in-place to cuBLASLt, which then wants identical layouts; with an FP8 D, C points elsewhere: A's data
+  // (device memory, 16-byte aligned), never read.
+  const void* const c_ptr = fp8_out ? g.a.data : g.d;
   Layout la, lb, lc, ld;
   check_lt(cublasLtMatrixLayoutCreate(&la.l, cuda_type(g.a.dtype), c.a_rows, c.a_cols, c.lda), "layout A", g);
   check_lt(cublasLtMatrixLayoutCreate(&lb.l, cuda_type(g.b.dtype), c.b_rows, c.b_cols, c.ldb), "layout B", g);
@@ -271,7 +274,7 @@ void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
            "workspace preference", g);
   const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> aligned_ptrs[] = {
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, g.a.data}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, g.b.data},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, g.d}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g.d}};
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c_ptr}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, g.d}};
   for (const auto& ap : aligned_ptrs) {
     const uint32_t al = alignment_of(ap.second);
     check_lt(cublasLtMatmulPreferenceSetAttribute(pref.p, ap.first, &al, sizeof(al)), "alignment preference", g);
@@ -288,7 +291,7 @@ void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
               "). Try another output dtype or epilogue, or keep this layer in bf16");
   }
   const float alpha = g.alpha, beta = g.beta;
-  check_lt(cublasLtMatmul(handle, desc.d, &alpha, g.a.data, la.l, g.b.data, lb.l, &beta, g.d, lc.l, g.d, ld.l,
+  check_lt(cublasLtMatmul(handle, desc.d, &alpha, g.a.data, la.l, g.b.data, lb.l, &beta, c_ptr, lc.l, g.d, ld.l,
                           &heur.algo, ws, ws_bytes, stream),
            "matmul", g);
 }
