@@ -510,6 +510,27 @@ def test_block_format_emulation_picks_copy(tex, device, layout, fmt):
     assert not torch.allclose(cpu(out), cpu(wrong), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_mxfp8_operands(tex, device, layout):
+    """Real MXFP8 tensors (both copies) through the emulation: op(B)·op(A) of the copies SPEC §6.4 picks, within the
+    GEMM rule of the float64 product of those dequantized copies (bf16 on the GPU, fp32 on the CPU)."""
+    sa, sb = shapes_for(layout, 64, 32, 96)
+    q = tex.MXFP8Quantizer(tex.DType.kFloat8E4M3)
+    A, B = tex.quantize(rnd(sa, torch.bfloat16, device, 210), q), tex.quantize(rnd(sb, torch.bfloat16, device, 211), q)
+    out = tex.general_gemm(A, B, layout=layout, out_dtype=torch.float32)[0]
+    assert out.shape == (32, 64)
+
+    def used(t, rowwise):  # dequantized values of one copy, as the GEMM sees them
+        only = t.clone()
+        only.update_usage(rowwise_usage=rowwise, columnwise_usage=not rowwise)
+        return cpu(only.dequantize(torch.float32)).to(F64)
+
+    a, b = used(A, layout[0] == "T"), used(B, layout[1] == "N")
+    r = op(b, layout[1] == "T") @ op(a, layout[0] == "T")
+    base = r.to(torch.bfloat16).to(F64) if device == "cuda" else r.to(torch.float32).to(F64)
+    assert_gemm_close(out, r, base, torch.float32, "mxfp8")
+
+
 def test_block_format_emulation_errors(tex):
     x = lambda *s: torch.zeros(*s)  # noqa: E731
     mx = lambda r, c=None: _fake_block_tensor("MXFP8Tensor", r, c)  # noqa: E731
