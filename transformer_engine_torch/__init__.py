@@ -19,4 +19,5 @@ from .tensors import Float8Tensor, MXFP8Tensor, QuantizedTensor
 __version__ = "0.1.0"
 
 __all__ = ["DType", "FP8FwdTensors", "FP8BwdTensors", "Quantizer", "Float8Quantizer",
-           "Float8CurrentScalingQuantizer", "MXFP8Quantizer", "QuantizedTensor", "Float8Tensor", "MXFP8Tensor"] + _act_all + _cast_all
+           "Float8CurrentScalingQuantizer", "MXFP8Quantizer", "QuantizedTensor", "Float8Tensor",
+           "MXFP8Tensor"] + _act_all + _cast_all

@@ -307,5 +307,6 @@ template <class Op, bool kBwd> void launch_mxfp8(DType in_dtype, const Mxfp8Para
 
 // Explicit instantiation of the MXFP8 launcher of one activation in one direction (next to the activation
 // kernels of the same family in act_*.cu).
-#define TE_INSTANTIATE_MXFP8_CUDA(code, F, gated, bwd) \
-  template void te::mx_cuda::launch_mxfp8<te::ActOp<te::F, gated>, bwd>(te::DType, const te::Mxfp8Params&, cudaStream_t);
+#define TE_INSTANTIATE_MXFP8_CUDA(code, F, gated, bwd)                                                  \
+  template void te::mx_cuda::launch_mxfp8<te::ActOp<te::F, gated>, bwd>(te::DType, const te::Mxfp8Params&, \
+                                                                        cudaStream_t);
