@@ -281,18 +281,20 @@ def test_gated_backward_halves_not_block_aligned(device):
     check_mx(qt, ref.quantize_mxfp8_ref(plain, "e4m3"), x.shape, x.dtype, "e4m3", "dswiglu H=16")
 
 
+@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 @pytest.mark.parametrize("name", sorted(ref.DBIAS_NAMES))
-def test_dbias(device, name, dtype):
+def test_dbias(device, name, dtype, fmt):
     tex = tex_module()
     base = ref.DBIAS_NAMES[name]
     x = _act_input(base, dtype, rows=101).to(device)
     g = uniform(x.shape, dtype, g=torch.Generator().manual_seed(9)).to(device)
     for usage in USAGES:
-        gb, qt = getattr(tex, name)(g, x, mxq("e4m3", *usage))
+        gb, qt = getattr(tex, name)(g, x, mxq(fmt, *usage))
         plain = cpu(getattr(tex, "d" + base)(g, x, None))
-        r = ref.quantize_mxfp8_ref(plain, "e4m3", *usage)
-        check_mx(qt, r, x.shape, dtype, "e4m3", f"{name} {dtype} {usage}", rowwise=usage[0], columnwise=usage[1])
+        r = ref.quantize_mxfp8_ref(plain, fmt, *usage)
+        check_mx(qt, r, x.shape, dtype, fmt, f"{name} {dtype} {fmt} {usage}", rowwise=usage[0], columnwise=usage[1],
+                 wrong=ref.quantize_mxfp8_ref(-plain, fmt, *usage))
         gb64, _ = ref.dbias_ref(base, cpu(g), cpu(x))
         assert gb.dtype == dtype and tuple(gb.shape) == (128,)
         rtol = 1.3e-6 * 101 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]

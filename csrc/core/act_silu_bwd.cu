@@ -1,4 +1,5 @@
-// Instantiates the CUDA backward activation kernels (plain / FP8 and MXFP8) of the sigmoid family (SiLU, SwiGLU, GLU, clamped SwiGLU).
+// Instantiates the CUDA backward activation kernels (plain / FP8 and MXFP8) of the sigmoid family (SiLU, SwiGLU,
+// GLU, clamped SwiGLU).
 #include "quantize_mxfp8_cuda.cuh"
 
 TE_INSTANTIATE_ACT_CUDA(kSilu, Silu, false, true)

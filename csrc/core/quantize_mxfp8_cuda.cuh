@@ -135,17 +135,35 @@ __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, 
   const int tid = threadIdx.x, cc = tid % 8, rr = tid / 8, warp = tid / 32, lane = tid % 32;
   const bool want_col = p.col_data != nullptr, want_dbias = p.dbias_partial != nullptr;
 
-  // Geometry of this thread's chunk in tile `t`: row, first output column, first input position, which half.
+  // Tiles of this block: t = blockIdx.x + i * gridDim.x, with (row tile, column tile) advanced incrementally, so
+  // the 64-bit divisions happen once per thread, not per tile.
+  const int64_t step = gridDim.x, step_r = step / geo.n_col_tiles, step_c = step - step_r * geo.n_col_tiles;
+  struct Cursor {
+    int64_t t, tr, tc;
+  };
+  auto cursor_at = [&](int64_t t) {
+    const int64_t tr = t / geo.n_col_tiles;
+    return Cursor{t, tr, t - tr * geo.n_col_tiles};
+  };
+  auto advance = [&](Cursor& c) {
+    c.t += step;
+    c.tr += step_r;
+    c.tc += step_c;
+    if (c.tc >= geo.n_col_tiles) {
+      c.tc -= geo.n_col_tiles;
+      ++c.tr;
+    }
+  };
+  // Geometry of this thread's chunk in a tile: row, first output column, first input position, which half.
   struct Where {
     int64_t r, oc0, c0;
     int h;
     bool valid;
   };
-  auto where = [&](int64_t t) {
+  auto where = [&](const Cursor& c) {
     Where w;
-    const int64_t tr = t / geo.n_col_tiles, tc = t - tr * geo.n_col_tiles;
-    w.r = tr * kMxTileRows + rr;
-    w.oc0 = tc * kMxTileCols + cc * kVec;
+    w.r = c.tr * kMxTileRows + rr;
+    w.oc0 = c.tc * kMxTileCols + cc * kVec;
     w.h = (kTwoOut && w.oc0 >= cols) ? 1 : 0;
     w.c0 = w.oc0 - w.h * cols;
     w.valid = w.r < rows && w.oc0 < out_cols;
@@ -154,12 +172,13 @@ __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, 
   auto slot = [&](int stage, int stream) {
     return staging + ((stage * Stage::kStreams + stream) * kMxThreads + tid) * Stage::kChunkBytes;
   };
-  // Starts the copies of this thread's chunk of tile t into `stage` (aligned: cp.async; else element loads).
-  auto issue = [&](int64_t t, int stage) {
-    if (t >= geo.n_tiles) return;
-    const Where w = where(t);
+  // Starts the copies of this thread's chunk of tile c into `stage` (aligned: cp.async; else element loads).
+  auto issue = [&](const Cursor& c, int stage) {
+    if (c.t >= geo.n_tiles) return;
+    const Where w = where(c);
     if (!w.valid) return;
-    const InT* src[3] = {x + w.r * x_stride + w.c0, x + w.r * x_stride + cols + w.c0, g + w.r * cols + w.c0};
+    const InT* src[3] = {x + w.r * x_stride + w.c0, x + w.r * x_stride + cols + w.c0,
+                         kBwd ? g + w.r * cols + w.c0 : x};
     int stream = 0;
 #pragma unroll
     for (int j = 0; j < 3; ++j) {
@@ -176,19 +195,21 @@ __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, 
   };
   auto read = [&](int stage, int stream) { return *reinterpret_cast<const Vec8<InT>*>(slot(stage, stream)); };
 
-  const int64_t step = gridDim.x;
+  Cursor ahead = cursor_at(blockIdx.x);  // the next tile to start copying
 #pragma unroll
   for (int sidx = 0; sidx < kStages - 1; ++sidx) {
-    issue(blockIdx.x + sidx * step, sidx);
+    issue(ahead, sidx);
     mx_cp_async_commit();
+    advance(ahead);
   }
   if constexpr (kLut) act_cuda::lut_fill<Op, kBwd, kMxThreads>(lut, p.act);  // overlaps the first copies
   int stage = 0;
-  for (int64_t t = blockIdx.x; t < geo.n_tiles; t += step) {
-    const Where w = where(t);
-    issue(t + (kStages - 1) * step, (stage + kStages - 1) % kStages);  // the slot this thread read last tile
+  for (Cursor cur = cursor_at(blockIdx.x); cur.t < geo.n_tiles; advance(cur)) {
+    const Where w = where(cur);
+    issue(ahead, (stage + kStages - 1) % kStages);  // tile cur + kStages - 1, into the slot read last tile
     mx_cp_async_commit();
-    mx_cp_async_wait<kStages - 1>();  // this thread's copies of tile t have landed
+    advance(ahead);
+    mx_cp_async_wait<kStages - 1>();  // this thread's copies of tile cur have landed
 
     float raw[kVec], v[kVec];
     if (w.valid) {
@@ -245,8 +266,7 @@ __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, 
       }
       __syncthreads();
       if (tid < kMxTileCols) {
-        const int64_t tr = t / geo.n_col_tiles;
-        const int64_t col = (t - tr * geo.n_col_tiles) * kMxTileCols + tid;
+        const int64_t tr = cur.tr, col = cur.tc * kMxTileCols + tid;
         if (want_col) {
           float a = 0.0f;
 #pragma unroll
@@ -270,10 +290,7 @@ __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, 
         mx_store8(p.col_data + w.r * out_cols + w.oc0, mx_encode8(q, 1.0f, p.e4m3), geo.vec);
       }
     }
-    {
-      const int64_t tr = t / geo.n_col_tiles;
-      mx_write_padding(p, geo, tr, t - tr * geo.n_col_tiles);
-    }
+    mx_write_padding(p, geo, cur.tr, cur.tc);
     stage = (stage + 1) % kStages;
   }
 }
@@ -307,5 +324,6 @@ template <class Op, bool kBwd> void launch_mxfp8(DType in_dtype, const Mxfp8Para
 
 // Explicit instantiation of the MXFP8 launcher of one activation in one direction (next to the activation
 // kernels of the same family in act_*.cu).
-#define TE_INSTANTIATE_MXFP8_CUDA(code, F, gated, bwd) \
-  template void te::mx_cuda::launch_mxfp8<te::ActOp<te::F, gated>, bwd>(te::DType, const te::Mxfp8Params&, cudaStream_t);
+#define TE_INSTANTIATE_MXFP8_CUDA(code, F, gated, bwd)                                                  \
+  template void te::mx_cuda::launch_mxfp8<te::ActOp<te::F, gated>, bwd>(te::DType, const te::Mxfp8Params&, \
+                                                                        cudaStream_t);

@@ -147,7 +147,8 @@ std::string mx_format_name(const QuantSpec& spec) { return spec.e4m3() ? "MXFP8 
 void check_mxfp8_shape(const ActRequest& r, const ActGeometry& geo, const QuantSpec& spec) {
   TORCH_CHECK_VALUE(r.x.dim() > 0, r.op, ": ", mx_format_name(spec), " cannot quantize a 0-d tensor (input ",
                     dtype_name(r.x.scalar_type()), " shape [] on ", arch_name(r.x),
-                    "): its blocks run along the last dim; reshape to [1, 32] and pad, or use a per-tensor FP8 quantizer");
+                    "): its blocks run along the last dim; reshape to [1, 32] and pad, or use a per-tensor FP8 "
+                    "quantizer");
   TORCH_CHECK_VALUE(geo.out_cols % te::kMxBlock == 0, r.op, ": ", mx_format_name(spec),
                     " quantizes blocks of 32 along the last dim, so the last dim of the quantized tensor must be a "
                     "multiple of 32; got quantized shape ", shape_str(geo.out_shape), " (input ", shape_str(r.x), " ",
