@@ -543,9 +543,13 @@ def test_cuda_parity_dbias(name, dtype):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("force_tables", [False, True])
 @pytest.mark.parametrize("name", ["gelu", "qgelu", "silu", "swiglu", "glu", "clamped_swiglu", "geglu"])
-def test_cuda_parity_every_bf16(name):
-    """Every bf16 bit pattern through the table (LUT) path of the CUDA kernel, forward and backward."""
+def test_cuda_parity_every_bf16(name, force_tables, monkeypatch):
+    """Every bf16 bit pattern through the table (LUT) path of the CUDA kernels, forward and backward; the
+    rowwise-only streaming kernel takes its table path only past a size, or with TE_FORCE_TABLES=1."""
+    if force_tables:
+        monkeypatch.setenv("TE_FORCE_TABLES", "1")
     tex = tex_module()
     n = 65536
     codes = torch.arange(n, dtype=torch.int32)[torch.randperm(n, generator=torch.Generator().manual_seed(8))]
@@ -554,9 +558,11 @@ def test_cuda_parity_every_bf16(name):
     res = {}
     for dev in ("cpu", "cuda"):
         res[dev] = (getattr(tex, name)(x.to(dev), mxq("e4m3")),
-                    getattr(tex, ref.DACT_NAMES[name])(g.to(dev), x.to(dev), mxq("e5m2")))
-    assert_mx_same(res["cpu"][0], res["cuda"][0], f"{name} fwd")
-    assert_mx_same(res["cpu"][1], res["cuda"][1], f"{name} bwd")
+                    getattr(tex, ref.DACT_NAMES[name])(g.to(dev), x.to(dev), mxq("e5m2")),
+                    getattr(tex, name)(x.to(dev), mxq("e4m3", columnwise=False)),
+                    getattr(tex, ref.DACT_NAMES[name])(g.to(dev), x.to(dev), mxq("e5m2", columnwise=False)))
+    for i, what in enumerate(("fwd", "bwd", "fwd rowwise only", "bwd rowwise only")):
+        assert_mx_same(res["cpu"][i], res["cuda"][i], f"{name} {what}")
 
 
 @pytest.mark.cuda
@@ -567,12 +573,14 @@ def test_cuda_parity_quantize_shapes(shape):
     for dtype in (torch.bfloat16, torch.float32):
         x = wide_random(shape, dtype)
         for swz in (False, True):
-            a = tex.quantize(x, mxq("e4m3", swizzled=swz))
-            b = tex.quantize(x.cuda(), mxq("e4m3", swizzled=swz))
-            assert_mx_same(a, b, f"quantize {shape} {dtype} swizzled={swz}")
-        a = tex.gelu(x, mxq("e5m2"))
-        b = tex.gelu(x.cuda(), mxq("e5m2"))
-        assert_mx_same(a, b, f"gelu {shape} {dtype}")
+            for cw in (True, False):  # both copies (tile kernel); rowwise only (streaming rowwise kernel)
+                a = tex.quantize(x, mxq("e4m3", columnwise=cw, swizzled=swz))
+                b = tex.quantize(x.cuda(), mxq("e4m3", columnwise=cw, swizzled=swz))
+                assert_mx_same(a, b, f"quantize {shape} {dtype} swizzled={swz} columnwise={cw}")
+        for cw in (True, False):
+            a = tex.gelu(x, mxq("e5m2", columnwise=cw))
+            b = tex.gelu(x.cuda(), mxq("e5m2", columnwise=cw))
+            assert_mx_same(a, b, f"gelu {shape} {dtype} columnwise={cw}")
 
 
 @pytest.mark.cuda

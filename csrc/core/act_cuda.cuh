@@ -4,8 +4,9 @@
 // Four kernels: a rowwise one for the common case (aligned rows of 8-element chunks, no transposed copy, no
 // dbias), a flat list of chunks with several 16-byte loads in flight per thread; a strip kernel for dbias; a
 // pipelined tile kernel for FP8 with a transposed copy on aligned rows; and the tile kernel for the rest (ragged
-// shapes, dbias with a transposed copy). The first three are instantiated per output kind and, for bf16 inputs of
-// exp-based functors, look the functor up in exact shared-memory tables.
+// shapes, dbias with a transposed copy). The first three are instantiated per output kind (the rowwise one also for
+// MXFP8 rowwise codes and scales) and, for bf16 inputs of exp-based functors, look the functor up in exact
+// shared-memory tables.
 // Tile kernel: a block of 256 threads owns 64 positions x 128 rows; thread t takes the 8 consecutive positions
 // 8*(t%8).. and the 4 consecutive rows 4*(t/8)..: 16-byte loads of bf16/fp16 (two for fp32), all four rows in
 // flight before any math. FP8 codes of the transposed copy go through shared memory as 4-row words, swizzled
@@ -269,7 +270,7 @@ act_kernel(const ActKernelParams p, int64_t dbias_rows) {
 // ---- Streaming kernels: compile-time output kind ---------------------------------------------------------------
 // The rowwise and strip kernels are instantiated per output kind, so their loops carry no mode branches (only the
 // E4M3/E5M2 choice stays a warp-uniform runtime branch per chunk).
-enum class OutKind { kPlain, kDelayed, kCurrent, kAmax };
+enum class OutKind { kPlain, kDelayed, kCurrent, kAmax, kMxRow };
 
 template <OutKind kOut> struct OutTraits {
   static constexpr bool kFp8 = kOut == OutKind::kDelayed || kOut == OutKind::kCurrent;
@@ -433,6 +434,48 @@ template <int kPending> __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
+// MXFP8 rowwise output of one chunk (kOut == kMxRow, SPEC §4.5): the values rounded to the input dtype, the
+// amax of their 1x32 block over the 4 lanes holding it (consecutive lanes, all active or all idle together), the
+// E8M0 code, the codes; the first lane of the block stores the scale at (row r, block j).
+template <typename InT>
+__device__ __forceinline__ void emit8_mx_row(const float (&raw)[kVec], const ActKernelParams& p, int64_t off,
+                                             int64_t r, int64_t j, int64_t scale_cols) {
+  float v[kVec];
+  float a = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    v[k] = round_to<InT>(raw[k]);
+    a = amax_update(a, v[k]);
+  }
+  const unsigned group = 0xFu << (threadIdx.x & 28u);
+  a = amax_update(a, __shfl_xor_sync(group, a, 1));
+  a = amax_update(a, __shfl_xor_sync(group, a, 2));
+  const uint8_t e = mx_block_code(a, p.e4m3);
+  const float m = e8m0_multiplier(e);
+  const uint2 w = p.e4m3 ? encode8_t<float, false, true>(v, m) : encode8_t<float, false, false>(v, m);
+  *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.out) + off) = w;
+  if ((threadIdx.x & 3u) == 0u)
+    p.mx_scale[p.mx_swizzled ? swizzled_scale_offset(r, j, scale_cols) : r * scale_cols + j] = e;
+}
+
+// Zero padding of the MXFP8 rowwise scales (entries past the data), grid-stride over the padding only.
+__device__ __forceinline__ void mx_row_scale_padding(const ActKernelParams& p, int64_t out_cols) {
+  const int64_t blocks = out_cols / 32, scale_cols = roundup(blocks, 4), scale_rows = roundup(p.rows, 128);
+  const int64_t right = p.rows * (scale_cols - blocks), below = (scale_rows - p.rows) * scale_cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < right + below;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    int64_t r, j;
+    if (i < right) {
+      r = i / (scale_cols - blocks);
+      j = blocks + i % (scale_cols - blocks);
+    } else {
+      r = p.rows + (i - right) / scale_cols;
+      j = (i - right) % scale_cols;
+    }
+    p.mx_scale[p.mx_swizzled ? swizzled_scale_offset(r, j, scale_cols) : r * scale_cols + j] = 0;
+  }
+}
+
 // ---- Rowwise kernel ----------------------------------------------------------------------------------------------
 // No transposed copy, no dbias, every row a whole number of aligned 8-element chunks: the tensor is a flat list of
 // chunks (gated inputs map chunk -> (row, position)). A step of a block is `units` (<= kU) chunks per thread
@@ -470,6 +513,7 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
   if (p.noop != nullptr && *p.noop == 1.0f) return;
   const float scale = kind_scale<kOut>(p);
   const int64_t cols = p.cols;
+  const int64_t out_cols = kTwoOut ? 2 * cols : cols;
   const uint32_t n = geo.n_chunks;
   const uint32_t per_step = uint32_t(kRowThreads) * uint32_t(geo.units);
   const InT* x = static_cast<const InT*>(p.x);
@@ -510,7 +554,15 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
       float out[2][kVec];
       eval8<Op, kBwd, kLut>(ra[u], rb[u], rg[u], p.act, lut, out);
 #pragma unroll
-      for (int h = 0; h < (kTwoOut ? 2 : 1); ++h) emit8<kOut, InT>(out[h], p.out, ooff + h * cols, scale, p.e4m3, amax);
+      for (int h = 0; h < (kTwoOut ? 2 : 1); ++h) {
+        if constexpr (kOut == OutKind::kMxRow) {
+          const uint32_t r = geo.row_of.div(ci);
+          const int64_t col = int64_t(ci - r * geo.cpr) * kVec + h * cols;  // output column of the chunk
+          emit8_mx_row<InT>(out[h], p, ooff + h * cols, r, col / 32, roundup(out_cols / 32, 4));
+        } else {
+          emit8<kOut, InT>(out[h], p.out, ooff + h * cols, scale, p.e4m3, amax);
+        }
+      }
     }
   };
 
@@ -533,6 +585,7 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
       compute_step(step, 1);
     }
   }
+  if constexpr (kOut == OutKind::kMxRow) mx_row_scale_padding(p, out_cols);
   if constexpr (OutTraits<kOut>::kTrackAmax) block_amax_to_global<kRowThreads>(amax, red, p.amax);
 }
 

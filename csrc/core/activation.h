@@ -37,6 +37,10 @@ struct ActKernelParams {
   float* scale_inv = nullptr;       // [1] written as fl(1/scale) by FP8 modes
   const float* noop = nullptr;      // [1] optional: 1.0 means write nothing
   float* dbias_partial = nullptr;   // [act_dbias_blocks(rows, cols), out_cols] FP32 column sums of the values
+  // MXFP8 rowwise (the CUDA streaming path of quantize_mxfp8): E8M0 scales [roundup(rows, 128),
+  // roundup(out_cols / 32, 4)], compact or GEMM-swizzled; `out` holds the codes.
+  uint8_t* mx_scale = nullptr;
+  bool mx_swizzled = false;
   int64_t rows = 0;
   int64_t cols = 0;
   ActArgs act;

@@ -13,7 +13,8 @@
 // Blocks walk tiles grid-stride (a resident grid, so the tables are filled once per block). Loads run kStages - 1
 // tiles ahead through cp.async into per-thread shared-memory slots (each thread reads back only what it copied, so
 // the pipeline needs no block barrier and no registers for the tiles in flight). Scale padding is written as zero
-// by the tiles on the last row / column.
+// by the tiles on the last row / column. A rowwise-only request on aligned rows instead goes to the streaming rowwise
+// kernel of act_cuda.cuh (output kind kMxRow: a 1x32 block is 4 consecutive lanes), which needs no tiles.
 #pragma once
 
 #include "act_cuda.cuh"
@@ -39,12 +40,14 @@ struct MxGeom {
 };
 
 // Staging of the input tiles in flight: per stage, one slot of kVec raw elements per thread and input stream
-// (x, or a and b when gated; grad when backward). Stages: as many as fit in about 32 KB, 2 to 4.
+// (x, or a and b when gated; grad when backward). Stages: as many as fit in about 32 KB, 2 to 8 (a 4 KB stage
+// is one 16-byte chunk per thread: seven of them in flight keep enough bytes moving per SM).
 template <class Op, bool kBwd, typename InT> struct MxStaging {
   static constexpr int kStreams = 1 + int(Op::kGated) + int(kBwd);
   static constexpr int kChunkBytes = kVec * int(sizeof(InT));  // 16 (bf16/fp16) or 32 (fp32)
   static constexpr int kStageBytes = kStreams * kMxThreads * kChunkBytes;
-  static constexpr int kStages = kStageBytes <= 8192 ? 4 : (kStageBytes <= 16384 ? 3 : 2);
+  static constexpr int kStages =
+      kStageBytes <= 4096 ? 8 : (kStageBytes <= 8192 ? 4 : (kStageBytes <= 16384 ? 3 : 2));
   static constexpr size_t kBytes = size_t(kStages) * size_t(kStageBytes);
   static_assert(kChunkBytes % 16 == 0, "slots are copied in 16-byte pieces");
 };
@@ -315,6 +318,29 @@ template <class Op, bool kBwd> void launch_mxfp8(DType in_dtype, const Mxfp8Para
   if (geo.n_tiles == 0) return;  // no data, and the padded scale tensors are empty too
   geo.vec = aligned(p.x, 16) && (p.grad == nullptr || aligned(p.grad, 16)) &&
             (p.row_data == nullptr || aligned(p.row_data, 8)) && (p.col_data == nullptr || aligned(p.col_data, 8));
+  // Rowwise copy only (no columnwise copy, no dbias), aligned, whole 1x32 blocks per half: the streaming rowwise
+  // kernel of the activation family writes the codes and scales (no tiles, no barriers).
+  const int64_t n_chunks = p.rows * (p.cols / kVec);
+  if (geo.vec && p.col_data == nullptr && p.dbias_partial == nullptr && p.cols % kMxBlock == 0 &&
+      n_chunks < (int64_t(1) << 31)) {
+    ActKernelParams ap;
+    ap.x = p.x;
+    ap.grad = p.grad;
+    ap.out = p.row_data;
+    ap.noop = p.noop;
+    ap.mx_scale = p.row_scale;
+    ap.mx_swizzled = p.swizzled;
+    ap.rows = p.rows;
+    ap.cols = p.cols;
+    ap.act = p.act;
+    ap.e4m3 = p.e4m3;
+    TE_SWITCH_IN_DTYPE(in_dtype, T, {
+      act_cuda::launch_rowwise<Op, kBwd, T, act_cuda::OutKind::kMxRow>(ap, uint32_t(p.cols / kVec),
+                                                                        uint32_t(n_chunks), stream);
+    });
+    act_cuda::check_launch("MXFP8 quantize kernel (rowwise)");
+    return;
+  }
   TE_SWITCH_IN_DTYPE(in_dtype, T, { launch_mxfp8_t<Op, kBwd, T>(p, geo, stream); });
   act_cuda::check_launch("MXFP8 quantize kernel");
 }
