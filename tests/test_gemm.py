@@ -156,7 +156,9 @@ def test_dgelu(tex, device, dtype, with_bgrad):
     if with_bgrad:
         assert bgrad.shape == (48,) and bgrad.dtype == dtype
         rtol, atol = ref.TOL[dtype]
-        torch.testing.assert_close(cpu(bgrad).to(F64), r.sum(0), rtol=4 * rtol * 24 ** 0.5, atol=1e-4 + 4 * atol)
+        # The epilogue's per-element allowance (above) grows like the SPEC dbias rule, with sqrt(rows).
+        torch.testing.assert_close(cpu(bgrad).to(F64), r.sum(0), rtol=4 * rtol * 24 ** 0.5,
+                                   atol=1e-4 + 4 * atol + extra * 24 ** 0.5)
     else:
         assert bgrad is None
 
