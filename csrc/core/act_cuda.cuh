@@ -423,15 +423,35 @@ struct FastDiv {
   __device__ __forceinline__ uint32_t div(uint32_t n) const { return (n * m_hi + __umulhi(n, m_lo)) >> l; }
 };
 
-// 16-byte asynchronous global -> shared copies (sm_80+): no registers held while in flight. `valid` false
-// zero-fills the destination without reading global memory.
+// 16-byte asynchronous global -> shared copies (cp.async.cg on sm_80+: bypasses L1, no registers held while in
+// flight; a plain synchronous copy on older archs, where commit and wait have nothing to do). With `valid` false the
+// destination is zero-filled without reading global memory.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+#else
+  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
+#endif
+}
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const uint32_t dst = uint32_t(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+#else
+  *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0u, 0u, 0u, 0u);
+#endif
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most kPending of this thread's committed groups are in flight.
 template <int kPending> __device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+#endif
 }
 
 // MXFP8 rowwise output of one chunk (kOut == kMxRow, SPEC §4.5): the values rounded to the input dtype, the
@@ -497,7 +517,7 @@ template <class Op, bool kBwd, typename InT> struct RowwiseUnroll {
 struct RowwiseGeom {
   uint32_t n_chunks = 0;     // rows * chunks_per_row (< 2^31)
   uint32_t cpr = 0;          // chunks per row
-  FastDiv row_of;            // chunk -> row (gated)
+  FastDiv row_of;            // chunk -> row (gated inputs, MXFP8 scales)
   int units = 1;             // chunks per thread and step (<= kU)
 };
 

@@ -52,27 +52,6 @@ template <class Op, bool kBwd, typename InT> struct MxStaging {
   static_assert(kChunkBytes % 16 == 0, "slots are copied in 16-byte pieces");
 };
 
-// 16-byte global -> shared copy, asynchronous on sm_80+ (cp.async.cg: bypasses L1), a plain copy before.
-__device__ __forceinline__ void mx_cp_async16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-#else
-  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
-#endif
-}
-__device__ __forceinline__ void mx_cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-// Waits until at most N of this thread's committed groups are pending.
-template <int N> __device__ __forceinline__ void mx_cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-#endif
-}
-
 // Zero padding of the scale tensors owned by tile (tr, tc): the tiles on the last row / column own the entries
 // past the data (compact coordinates, then mapped to the layout).
 __device__ __forceinline__ void mx_write_padding(const Mxfp8Params& p, const MxGeom& geo, int64_t tr, int64_t tc) {
@@ -190,7 +169,7 @@ __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, 
       if (geo.vec) {
 #pragma unroll
         for (int b = 0; b < Stage::kChunkBytes; b += 16)
-          mx_cp_async16(dst + b, reinterpret_cast<const unsigned char*>(src[j]) + b);
+          act_cuda::cp_async16(dst + b, reinterpret_cast<const unsigned char*>(src[j]) + b);
       } else {
         *reinterpret_cast<Vec8<InT>*>(dst) = act_cuda::load8(src[j], false, kVec);
       }
@@ -202,7 +181,7 @@ __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, 
 #pragma unroll
   for (int sidx = 0; sidx < kStages - 1; ++sidx) {
     issue(ahead, sidx);
-    mx_cp_async_commit();
+    act_cuda::cp_async_commit();
     advance(ahead);
   }
   if constexpr (kLut) act_cuda::lut_fill<Op, kBwd, kMxThreads>(lut, p.act);  // overlaps the first copies
@@ -210,9 +189,9 @@ __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, 
   for (Cursor cur = cursor_at(blockIdx.x); cur.t < geo.n_tiles; advance(cur)) {
     const Where w = where(cur);
     issue(ahead, (stage + kStages - 1) % kStages);  // tile cur + kStages - 1, into the slot read last tile
-    mx_cp_async_commit();
+    act_cuda::cp_async_commit();
     advance(ahead);
-    mx_cp_async_wait<kStages - 1>();  // this thread's copies of tile cur have landed
+    act_cuda::cp_async_wait<kStages - 1>();  // this thread's copies of tile cur have landed
 
     float raw[kVec], v[kVec];
     if (w.valid) {
