@@ -255,7 +255,9 @@ void quantize_fp8_block_cuda(DType in_dtype, const Fp8BlockParams& p, cudaStream
   const unsigned grid = unsigned(geo.n_tiles < (int64_t(1) << 30) ? geo.n_tiles : (int64_t(1) << 30));
   TE_SWITCH_IN_DTYPE(in_dtype, T, { fp8_block_kernel<T><<<grid, kThreads, 0, stream>>>(p, geo); });
   const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) core_fail(std::string("FP8 block quantize kernel: CUDA launch failed: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess) {
+    core_fail(std::string("FP8 block quantize kernel: CUDA launch failed: ") + cudaGetErrorString(e));
+  }
 }
 
 }  // namespace te
