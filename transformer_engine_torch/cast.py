@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 
 from .dtypes import FLOAT_DTYPES, as_fp8_dtype, to_torch_dtype
-from .quantizers import Float8CurrentScalingQuantizer, MXFP8Quantizer, check_quantizer
-from .tensors import (Float8Tensor, MXFP8Tensor, QuantizedTensor, _transposed_shape, mxfp8_scale_shapes,
-                      swizzle_mx_scales)
+from .quantizers import Float8BlockQuantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, check_quantizer
+from .tensors import (Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, QuantizedTensor, _transposed_shape,
+                      fp8_block_scale_shapes, mxfp8_scale_shapes, swizzle_mx_scales)
 
 # Looked up once rather than through three attribute lookups per call.
 _QUANTIZE = torch.ops.te.quantize.default
@@ -45,14 +45,19 @@ def quantize(tensor, quantizer, output=None, noop=None):
     quantizer._check_usage("quantize")
     if output is None:
         output = quantizer.make_empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
-    expected = MXFP8Tensor if isinstance(quantizer, MXFP8Quantizer) else Float8Tensor
+    if isinstance(quantizer, MXFP8Quantizer):
+        expected, fill = MXFP8Tensor, _mxfp8_buffers
+    elif isinstance(quantizer, Float8BlockQuantizer):
+        expected, fill = Float8BlockwiseQTensor, _fp8_block_buffers
+    else:
+        expected, fill = Float8Tensor, _float8_buffers
     if not isinstance(output, expected):
         raise TypeError(f"quantize: output must be a {expected.__name__} for {type(quantizer).__name__}, "
                         f"got {type(output).__name__}")
     if tuple(output.shape) != tuple(tensor.shape):
         raise ValueError(f"quantize: output has shape {tuple(output.shape)} but the input has shape "
                          f"{tuple(tensor.shape)}")
-    buffers = (_mxfp8_buffers if expected is MXFP8Tensor else _float8_buffers)(output, tensor, quantizer)
+    buffers = fill(output, tensor, quantizer)
     # The buffers by name: the spec before them may stop short of its last field (Quantizer._spec).
     torch.ops.te.quantize_into.default(tensor, *_spec_for(tensor, quantizer, noop), **buffers)
     return output
@@ -90,6 +95,32 @@ def _mxfp8_buffers(output, tensor, quantizer):
                 setattr(output, name, torch.empty(shape, dtype=torch.uint8, device=tensor.device))
     output._fp8_dtype = quantizer.dtype
     output._with_gemm_swizzled_scales = quantizer.optimize_for_gemm
+    return dict(row_data=output._rowwise_data, row_scale_inv=output._rowwise_scale_inv,
+                col_data=output._columnwise_data, col_scale_inv=output._columnwise_scale_inv)
+
+
+def _fp8_block_buffers(output, tensor, quantizer):
+    """Float8BlockwiseQTensor buffers for quantize_into: missing usages allocated, unwanted ones dropped. The
+    output's block layout must be the quantizer's: its scale buffers have other shapes otherwise."""
+    two_d = quantizer.block_scaling_dim == 2
+    if output._is_2D_scaled != two_d and (output._rowwise_data is not None or output._columnwise_data is not None):
+        raise ValueError(f"quantize: output Float8BlockwiseQTensor{list(output.shape)} holds "
+                         f"{'128x128' if output._is_2D_scaled else '1x128'}-block scales but the quantizer uses "
+                         f"block_scaling_dim={quantizer.block_scaling_dim}; make the output with this quantizer "
+                         f"(make_empty) or quantize without output=")
+    rs, cs = fp8_block_scale_shapes(tensor.shape, two_d)
+    u8, f32 = dict(dtype=torch.uint8, device=tensor.device), dict(dtype=torch.float32, device=tensor.device)
+    for usage, pieces in ((quantizer.rowwise_usage, (("_rowwise_data", tensor.shape, u8),
+                                                     ("_rowwise_scale_inv", rs, f32))),
+                          (quantizer.columnwise_usage, (("_columnwise_data", _transposed_shape(tensor.shape), u8),
+                                                        ("_columnwise_scale_inv", cs, f32)))):
+        for name, shape, kw in pieces:
+            if not usage:
+                setattr(output, name, None)
+            elif getattr(output, name) is None:
+                setattr(output, name, torch.empty(shape, **kw))
+    output._fp8_dtype = quantizer.dtype
+    output._is_2D_scaled = two_d
     return dict(row_data=output._rowwise_data, row_scale_inv=output._rowwise_scale_inv,
                 col_data=output._columnwise_data, col_scale_inv=output._columnwise_scale_inv)
 

@@ -8,12 +8,14 @@ import warnings
 import torch
 
 from .dtypes import DType, as_fp8_dtype
-from .tensors import Float8Tensor, MXFP8Tensor, _transposed_shape, _untransposed_shape, mxfp8_scale_shapes
+from .tensors import (Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, _transposed_shape, _untransposed_shape,
+                      fp8_block_scale_shapes, mxfp8_scale_shapes)
 
 # Quantizer kinds of the spec (SPEC §1.4; numbering internal).
 QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8, QKIND_NVFP4, QKIND_FP8_BLOCK = range(6)
 # qflags bits.
 QFLAG_POW2 = 1 << 0
+QFLAG_2D = 1 << 1  # FP8 block: 128x128 tiles (block_dim 2)
 QFLAG_SWIZZLED = 1 << 5  # write block scales in the GEMM-swizzled layout
 
 # Spec of "no quantizer": plain output (the fields left out are at their schema defaults, see Quantizer._spec).
@@ -240,7 +242,69 @@ class MXFP8Quantizer(Quantizer):
         return super()._config() + (self.dtype, self.with_2d_quantization)
 
 
-QUANTIZER_CLASSES = (Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer)
+class Float8BlockQuantizer(Quantizer):
+    """FP8 with one float32 scale per 1x128 block (block_scaling_dim=1) or per 128x128 tile (block_scaling_dim=2),
+    SPEC §4.7. Per block: amax (NaN ignored), scale = fp8_max / amax by the current-scaling rule (amax raised to
+    `amax_epsilon`; amax 0 / Inf -> 1; an Inf scale -> the input dtype's max finite; `force_pow_2_scales` rounds it
+    down to a power of two), q = fp8(x * scale), scale_inv = 1 / scale stored. 1-D: the columnwise copy is x^T
+    quantized independently with 1x128 blocks along its rows; 2-D: it is the bitwise transpose, same tile scales.
+    Any shape (0-d is one 1x1 block). Activations with this quantizer take the unfused path (SPEC §5.1): the plain
+    op, then this quantization. The scales are written in the layout the GEMM reads, so `optimize_for_gemm` changes
+    nothing here (TE requires `rowwise`/`columnwise` explicitly; ours defaults them)."""
+
+    block_len = 128
+
+    def __init__(self, fp8_dtype, *, rowwise: bool = True, columnwise: bool = True, amax_epsilon: float = 0.0,
+                 force_pow_2_scales: bool = True, block_scaling_dim: int = 2):
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self.dtype = as_fp8_dtype(fp8_dtype, "Float8BlockQuantizer: fp8_dtype")
+        if isinstance(block_scaling_dim, bool) or block_scaling_dim not in (1, 2):
+            raise ValueError(f"Float8BlockQuantizer: block_scaling_dim must be 1 (1x128 blocks) or 2 (128x128 tiles), "
+                             f"got {block_scaling_dim!r}")
+        self.block_scaling_dim = int(block_scaling_dim)
+        self.amax_epsilon = float(amax_epsilon)
+        if not (0.0 <= self.amax_epsilon < float("inf")):
+            raise ValueError(f"Float8BlockQuantizer: amax_epsilon must be finite and >= 0, got {amax_epsilon}")
+        self.force_pow_2_scales = bool(force_pow_2_scales)
+
+    def _clone(self):
+        return Float8BlockQuantizer(self.dtype, rowwise=self.rowwise_usage, columnwise=self.columnwise_usage,
+                                    amax_epsilon=self.amax_epsilon, force_pow_2_scales=self.force_pow_2_scales,
+                                    block_scaling_dim=self.block_scaling_dim)
+
+    def _spec(self, noop=None):
+        flags = (QFLAG_POW2 if self.force_pow_2_scales else 0) | (QFLAG_2D if self.block_scaling_dim == 2 else 0)
+        spec = (QKIND_FP8_BLOCK, int(self.dtype), self.rowwise_usage, self.columnwise_usage, flags, self.amax_epsilon,
+                self.block_scaling_dim)
+        return spec if noop is None else spec + (None, None, noop)
+
+    def _wrap(self, outs, dtype):
+        row = outs[0] if self.rowwise_usage else None
+        col = outs[2] if self.columnwise_usage else None
+        shape = row.shape if row is not None else torch.Size(_untransposed_shape(col.shape))
+        return Float8BlockwiseQTensor._from_op(shape, dtype, row, outs[1] if row is not None else None, col,
+                                               outs[3] if col is not None else None, self.dtype,
+                                               self.block_scaling_dim == 2, self)
+
+    def make_empty(self, shape, dtype=torch.float32, device=None, requires_grad=False, pin_memory=False):
+        shape = torch.Size(shape)
+        device = torch.device("cuda" if device is None else device)
+        u8 = dict(dtype=torch.uint8, device=device, pin_memory=pin_memory)
+        f32 = dict(dtype=torch.float32, device=device, pin_memory=pin_memory)
+        rs, cs = fp8_block_scale_shapes(shape, self.block_scaling_dim == 2)
+        row = torch.empty(shape, **u8) if self.rowwise_usage else None
+        col = torch.empty(_transposed_shape(shape), **u8) if self.columnwise_usage else None
+        return Float8BlockwiseQTensor(shape=shape, dtype=dtype, rowwise_data=row, columnwise_data=col,
+                                      rowwise_scale_inv=torch.zeros(rs, **f32) if row is not None else None,
+                                      columnwise_scale_inv=torch.zeros(cs, **f32) if col is not None else None,
+                                      fp8_dtype=self.dtype, quantizer=self.copy(),
+                                      is_2D_scaled=self.block_scaling_dim == 2, requires_grad=requires_grad)
+
+    def _config(self):
+        return super()._config() + (self.dtype, self.block_scaling_dim, self.amax_epsilon, self.force_pow_2_scales)
+
+
+QUANTIZER_CLASSES = (Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, Float8BlockQuantizer)
 
 
 def check_quantizer(op: str, quantizer, allow_none: bool = True):

@@ -365,3 +365,158 @@ class MXFP8Tensor(QuantizedTensor):
         return self._map(lambda t: t, new_shape, lambda t: t.view(new_shape))
 
     reshape = view
+
+
+# ---- FP8 block (1x128 / 128x128) -------------------------------------------------------------------------------
+FP8_BLOCK_LEN = 128
+
+
+def fp8_block_scale_shapes(shape, two_d):
+    """(rowwise, columnwise) padded float32 scale shapes of SPEC §4.8 for a tensor of `shape` (flattened [M, K]).
+    1-D: [ceil(K/128), roundup(M, 4)] (K-block-major, M contiguous) and [ceil(M/128), roundup(K, 4)];
+    2-D: [ceil(M/128), roundup(ceil(K/128), 4)] and its transpose-shaped [ceil(K/128), roundup(ceil(M/128), 4)]."""
+    m, k = _rows_cols(shape)
+    mb, kb = _ceil_div(m, FP8_BLOCK_LEN), _ceil_div(k, FP8_BLOCK_LEN)
+    if two_d:
+        return (mb, _roundup(kb, 4)), (kb, _roundup(mb, 4))
+    return (kb, _roundup(m, 4)), (mb, _roundup(k, 4))
+
+
+def _block_factors(scale, rows, cols, rows_per_entry, cols_per_entry, scale_is_transposed):
+    """The [rows, cols] FP32 multiplier of each element from a compact scale matrix whose entry [i, j] covers rows
+    i*rows_per_entry.. and columns j*cols_per_entry.. (entry [j, i] when `scale_is_transposed`)."""
+    nr, nc = _ceil_div(rows, rows_per_entry), _ceil_div(cols, cols_per_entry)
+    s = scale[:nc, :nr].t() if scale_is_transposed else scale[:nr, :nc]
+    return s.repeat_interleave(rows_per_entry, 0)[:rows].repeat_interleave(cols_per_entry, 1)[:, :cols]
+
+
+class Float8BlockwiseQTensor(QuantizedTensor):
+    """FP8 with one float32 scale per 1x128 block or 128x128 tile (SPEC §4.7, §4.9). `_rowwise_data` uint8 of
+    `shape`; `_columnwise_data` uint8 TRANSPOSED `(K,) + shape[:-1]` (x^T quantized along its rows: 128x1 blocks of
+    x for 1-D, the bitwise transpose for 2-D). `_rowwise_scale_inv` / `_columnwise_scale_inv` float32 of the
+    padded SPEC §4.8 shapes (fp8_block_scale_shapes), padding zero. `_is_2D_scaled`: 128x128 tiles."""
+
+    _ROW, _COL, _BUFFERS = "_rowwise_data", "_columnwise_data", ("_rowwise_data", "_columnwise_data")
+
+    def __init__(self, *, shape=None, dtype=torch.float32, rowwise_data=None, columnwise_data=None,
+                 rowwise_scale_inv=None, columnwise_scale_inv=None, fp8_dtype=DType.kFloat8E4M3, quantizer=None,
+                 is_2D_scaled=True, requires_grad=False, device=None):
+        if shape is None:
+            if rowwise_data is not None:
+                shape = rowwise_data.shape
+            elif columnwise_data is not None:
+                shape = torch.Size(_untransposed_shape(columnwise_data.shape))
+            else:
+                raise ValueError("Float8BlockwiseQTensor: give `shape` or a data buffer")
+        super().__init__(shape, dtype, quantizer, requires_grad)
+        self._rowwise_data = rowwise_data
+        self._columnwise_data = columnwise_data
+        self._rowwise_scale_inv = rowwise_scale_inv
+        self._columnwise_scale_inv = columnwise_scale_inv
+        self._fp8_dtype = as_fp8_dtype(fp8_dtype)
+        self._is_2D_scaled = bool(is_2D_scaled)
+
+    @classmethod
+    def _from_op(cls, shape, dtype, row, row_si, col, col_si, fp8_dtype, is_2d, quantizer):
+        """The tensor of what a quantizing op returned (trusted arguments, no keyword parsing)."""
+        t = object.__new__(cls)
+        t._shape, t._dtype, t._quantizer, t.requires_grad = shape, dtype, quantizer, False
+        t._rowwise_data, t._rowwise_scale_inv = row, row_si
+        t._columnwise_data, t._columnwise_scale_inv = col, col_si
+        t._fp8_dtype, t._is_2D_scaled = fp8_dtype, is_2d
+        return t
+
+    @property
+    def rowwise_scale_inv(self):
+        return self._rowwise_scale_inv
+
+    @property
+    def columnwise_scale_inv(self):
+        return self._columnwise_scale_inv
+
+    def dequantize(self, dtype=None) -> torch.Tensor:
+        """fl(fp8 * scale_inv[block]) in FP32, rounded once to `dtype` (default: the nominal dtype); the rowwise copy
+        when present, else the columnwise copy transposed back."""
+        dtype = self._dtype if dtype is None else to_torch_dtype(dtype)
+        columnwise = self._rowwise_data is None
+        data = self._columnwise_data if columnwise else self._rowwise_data
+        if data is None:
+            raise RuntimeError("Float8BlockwiseQTensor.dequantize: the tensor holds neither a rowwise nor a "
+                               "columnwise copy")
+        m, k = _rows_cols(self._shape)
+        r, c = (k, m) if columnwise else (m, k)   # the stored matrix
+        v = data.reshape(r, c).view(to_torch_dtype(self._fp8_dtype)).to(torch.float32)
+        s = self._columnwise_scale_inv if columnwise else self._rowwise_scale_inv
+        b = FP8_BLOCK_LEN
+        if self._is_2D_scaled:
+            f = _block_factors(s, r, c, b, b, False)
+        else:
+            # 1-D: blocks of 128 along the stored rows; the scale matrix is [block, row] (rows contiguous).
+            f = _block_factors(s, r, c, 1, b, True)
+        out = (v * f).to(dtype)
+        if columnwise:
+            out = out.t()
+        return out.reshape(self._shape)
+
+    def update_usage(self, rowwise_usage=None, columnwise_usage=None):
+        """Drops a copy, or provides a requested one. 2-D: a missing copy is the bitwise transpose of the other, with
+        the tile scales transposed. 1-D: each copy is quantized from the high-precision values, so a missing one
+        cannot be derived."""
+        for want, name in ((rowwise_usage, "rowwise"), (columnwise_usage, "columnwise")):
+            if want and getattr(self, f"_{name}_data") is None:
+                other = "columnwise" if name == "rowwise" else "rowwise"
+                if not self._is_2D_scaled or getattr(self, f"_{other}_data") is None:
+                    raise RuntimeError(f"Float8BlockwiseQTensor.update_usage: the {name} copy is absent and cannot be "
+                                       f"derived (1x128 blocks quantize each copy from the high-precision values); "
+                                       f"quantize the high-precision tensor again with {name}=True")
+                self._derive_2d(name)
+        if rowwise_usage is False:
+            if self._columnwise_data is None:
+                raise RuntimeError("Float8BlockwiseQTensor.update_usage: dropping the rowwise copy would leave no data")
+            self._rowwise_data = self._rowwise_scale_inv = None
+        if columnwise_usage is False:
+            if self._rowwise_data is None:
+                raise RuntimeError("Float8BlockwiseQTensor.update_usage: dropping the columnwise copy would leave no "
+                                   "data")
+            self._columnwise_data = self._columnwise_scale_inv = None
+
+    def _derive_2d(self, name):
+        m, k = _rows_cols(self._shape)
+        (rs, cs) = fp8_block_scale_shapes(self._shape, True)
+        mb, kb = _ceil_div(m, FP8_BLOCK_LEN), _ceil_div(k, FP8_BLOCK_LEN)
+        if name == "columnwise":
+            src, si, shape = self._rowwise_data.reshape(m, k), self._rowwise_scale_inv[:mb, :kb], cs
+            self._columnwise_data = src.t().contiguous().reshape(_transposed_shape(self._shape))
+        else:
+            src, si, shape = self._columnwise_data.reshape(k, m), self._columnwise_scale_inv[:kb, :mb], rs
+            self._rowwise_data = src.t().contiguous().reshape(self._shape)
+        s = torch.zeros(shape, dtype=torch.float32, device=si.device)
+        s[:si.shape[1], :si.shape[0]] = si.t()
+        setattr(self, f"_{name}_scale_inv", s)
+
+    def _map(self, fn, shape=None, row_fn=None, col_fn=None):
+        m = lambda f, t: None if t is None else f(t)  # noqa: E731
+        return Float8BlockwiseQTensor._from_op(self._shape if shape is None else shape, self._dtype,
+                                               m(row_fn or fn, self._rowwise_data), m(fn, self._rowwise_scale_inv),
+                                               m(col_fn or fn, self._columnwise_data),
+                                               m(fn, self._columnwise_scale_inv), self._fp8_dtype, self._is_2D_scaled,
+                                               self._quantizer)
+
+    def clone(self):
+        return self._map(lambda t: t.clone())
+
+    def to(self, device):
+        return self._map(lambda t: t.to(device))
+
+    def view(self, *shape):
+        """Exact view changing only leading dims (the scales, laid out over the flattened [M, K], are shared)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        new_shape = torch.empty(self._shape, device="meta").view(*shape).shape
+        if len(new_shape) == 0 or (len(self._shape) and new_shape[-1] != self._shape[-1]):
+            raise ValueError(f"Float8BlockwiseQTensor.view: only leading dims may change (shape "
+                             f"{tuple(self._shape)}), got {tuple(new_shape)}")
+        return self._map(lambda t: t, new_shape, lambda t: t.view(new_shape),
+                         lambda t: t.view(_transposed_shape(new_shape)))
+
+    reshape = view

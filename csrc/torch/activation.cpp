@@ -194,6 +194,56 @@ void run_mxfp8_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec
   run_mxfp8(r.kind, r.backward, dt, p, x);
 }
 
+// Fills (or allocates) the FP8 block outputs of an [rows, out_cols] tensor (SPEC §4.7-4.9): rowwise data in the
+// tensor's shape, columnwise data transposed, float32 scales of the padded §4.8 shapes.
+void alloc_fp8_block_outputs(const ActGeometry& geo, const QuantSpec& spec, const Tensor& x, QuantOutputs& o) {
+  const te::Fp8BlockScaleShapes ss = te::fp8_block_scale_shapes(geo.rows, geo.out_cols, spec.block_dim == 2);
+  const auto u8 = x.options().dtype(at::kByte), f32 = x.options().dtype(at::kFloat);
+  if (spec.rowwise) {
+    o.row_data = at::empty(geo.out_shape, u8);
+    o.row_scale_inv = at::empty({ss.row_r, ss.row_c}, f32);
+  }
+  if (spec.columnwise) {
+    o.col_data = at::empty(geo.transposed_shape(), u8);
+    o.col_scale_inv = at::empty({ss.col_r, ss.col_c}, f32);
+  }
+}
+
+// The UNFUSED path of SPEC §5.1, taken by the FP8 block quantizer: the plain op writes rnd_in(act(x)) (and the
+// dbias partials, sums of the unrounded values) into a temporary, which the block kernel then quantizes. A plain
+// cast without dbias quantizes the input itself. `noop` reaches only the quantize kernel: the temporary is ours.
+void run_fp8_block_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec& spec, te::DType dt,
+                        const te::ActKernelParams& base, QuantOutputs& o, bool into) {
+  Tensor src = r.x;
+  if (r.kind != te::ActKind::kIdentity || r.with_dbias) {
+    src = at::empty(geo.out_shape, r.x.options());
+    te::ActKernelParams pp = base;
+    pp.out = src.data_ptr();
+    pp.mode = te::ScaleMode::kPlain;
+    pp.noop = nullptr;
+    run_activation(r.kind, r.backward, dt, pp, r.x);
+  }
+  if (!into) alloc_fp8_block_outputs(geo, spec, r.x, o);
+  te::Fp8BlockParams p;
+  p.x = src.data_ptr();
+  p.noop = base.noop;
+  p.rows = geo.rows;
+  p.cols = geo.out_cols;
+  p.amax_epsilon = float(spec.amax_epsilon);
+  p.e4m3 = spec.e4m3();
+  p.force_pow2 = spec.force_pow2();
+  p.two_d = spec.block_dim == 2;
+  if (spec.rowwise) {
+    p.row_data = o.row_data.data_ptr<uint8_t>();
+    p.row_scale = o.row_scale_inv.data_ptr<float>();
+  }
+  if (spec.columnwise) {
+    p.col_data = o.col_data.data_ptr<uint8_t>();
+    p.col_scale = o.col_scale_inv.data_ptr<float>();
+  }
+  run_fp8_block(dt, p, r.x);
+}
+
 // The activation helper: validates, picks the fusion path (SPEC §5.1), runs the kernels and returns what they
 // produced.
 ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* into) {
@@ -244,9 +294,15 @@ ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* i
         break;
       }
       [[fallthrough]];
+    case te::FusionPath::kUnfused:
+      if (spec.kind == te::QuantKind::kFp8Block) {
+        run_fp8_block_path(r, geo, spec, dt, p, o, into != nullptr);
+        break;
+      }
+      [[fallthrough]];
     default:
       TORCH_CHECK_NOT_IMPLEMENTED(false, r.op, ": quantizer kind ", std::to_string(int(spec.kind)),
-                                  " (NVFP4 / FP8 block) is not available in this build yet");
+                                  " (NVFP4) is not available in this build yet");
   }
   if (r.with_dbias) {
     if (geo.rows == 0 || geo.out_cols == 0) {
@@ -336,9 +392,9 @@ void quantize_into(const Tensor& x, TE_QSPEC_PARAMS, const c10::optional<Tensor>
                    const c10::optional<Tensor>& row_scale_inv, const c10::optional<Tensor>& col_data,
                    const c10::optional<Tensor>& col_scale_inv) {
   const char* op = "quantize_into";
-  TORCH_CHECK_VALUE(qkind == 1 || qkind == 2 || qkind == 3, op,
-                    ": in-place quantization supports FP8 per-tensor and MXFP8 quantizers (kinds 1, 2, 3), got ",
-                    std::to_string(qkind));
+  TORCH_CHECK_VALUE(qkind == 1 || qkind == 2 || qkind == 3 || qkind == 5, op,
+                    ": in-place quantization supports FP8 per-tensor, MXFP8 and FP8 block quantizers (kinds 1, 2, 3, "
+                    "5), got ", std::to_string(qkind));
   QuantSpec spec = TE_QSPEC_ARGS(op, x);
   ActRequest r{op, te::ActKind::kIdentity, false, x, c10::nullopt, te::ActArgs{}, false};
   input_dtype(x, op, "input");
@@ -361,6 +417,27 @@ void quantize_into(const Tensor& x, TE_QSPEC_PARAMS, const c10::optional<Tensor>
       o.col_scale_inv = *col_scale_inv;
       check_buffer(o.col_data, geo.out_shape, at::kByte, x, op, "_columnwise_data");
       check_buffer(o.col_scale_inv, {ss.col_r, ss.col_c}, at::kByte, x, op, "_columnwise_scale_inv");
+    }
+    activation_helper(r, spec, &o);
+    return;
+  }
+  if (spec.kind == te::QuantKind::kFp8Block) {
+    const te::Fp8BlockScaleShapes ss = te::fp8_block_scale_shapes(geo.rows, geo.out_cols, spec.block_dim == 2);
+    spec.rowwise = spec.rowwise && row_data.has_value() && row_scale_inv.has_value();
+    spec.columnwise = spec.columnwise && col_data.has_value() && col_scale_inv.has_value();
+    TORCH_CHECK_VALUE(spec.rowwise || spec.columnwise, op, ": the ", spec.fp8_block_name(),
+                      " output has no buffers for the requested usage");
+    if (spec.rowwise) {
+      o.row_data = *row_data;
+      o.row_scale_inv = *row_scale_inv;
+      check_buffer(o.row_data, geo.out_shape, at::kByte, x, op, "_rowwise_data");
+      check_buffer(o.row_scale_inv, {ss.row_r, ss.row_c}, at::kFloat, x, op, "_rowwise_scale_inv");
+    }
+    if (spec.columnwise) {
+      o.col_data = *col_data;
+      o.col_scale_inv = *col_scale_inv;
+      check_buffer(o.col_data, geo.transposed_shape(), at::kByte, x, op, "_columnwise_data (transposed)");
+      check_buffer(o.col_scale_inv, {ss.col_r, ss.col_c}, at::kFloat, x, op, "_columnwise_scale_inv");
     }
     activation_helper(r, spec, &o);
     return;

@@ -80,7 +80,7 @@ QuantSpec make_spec(const char* op, int64_t qkind, int64_t qdtype, bool rowwise,
   s.amax = amax;
   s.noop = noop;
   const bool fp8_codes = s.kind == te::QuantKind::kFp8Delayed || s.kind == te::QuantKind::kFp8Current ||
-                         s.kind == te::QuantKind::kMxfp8;
+                         s.kind == te::QuantKind::kMxfp8 || s.kind == te::QuantKind::kFp8Block;
   if (fp8_codes) {
     TORCH_CHECK_VALUE(s.dtype == te::DType::kFloat8E4M3 || s.dtype == te::DType::kFloat8E5M2, op,
                       ": FP8 quantizer dtype must be kFloat8E4M3 (7) or kFloat8E5M2 (8), got ", std::to_string(qdtype));
@@ -89,6 +89,19 @@ QuantSpec make_spec(const char* op, int64_t qkind, int64_t qdtype, bool rowwise,
   if (s.kind == te::QuantKind::kMxfp8) {
     TORCH_CHECK_NOT_IMPLEMENTED(!s.two_d(), op, ": MXFP8 with_2d_quantization (32x32 tiles) is not provided; "
                                 "use 1x32 / 32x1 blocks (with_2d_quantization=False)");
+  }
+  if (s.kind == te::QuantKind::kFp8Block) {
+    TORCH_CHECK_VALUE(block_dim == 1 || block_dim == 2, op, ": Float8BlockQuantizer block_scaling_dim (spec block_dim) "
+                      "must be 1 (1x128 blocks) or 2 (128x128 tiles), got ", std::to_string(block_dim));
+    TORCH_CHECK_VALUE(s.two_d() == (block_dim == 2), op, ": quantizer spec flag bit1 (2-D blocks) = ",
+                      s.two_d() ? "1" : "0", " disagrees with block_dim = ", std::to_string(block_dim));
+    TORCH_CHECK_VALUE(amax_epsilon >= 0.0 && amax_epsilon < 3.4028234663852886e38, op, ": ", s.fp8_block_name(),
+                      " amax_epsilon must be finite and >= 0, got ", std::to_string(amax_epsilon));
+    constexpr int64_t kUnsupported = (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5);
+    TORCH_CHECK_NOT_IMPLEMENTED((qflags & kUnsupported) == 0, op, ": ", s.fp8_block_name(),
+                                " supports only the force_pow_2_scales and 2-D flags (qflags bits 0, 1), got qflags=",
+                                std::to_string(qflags), " (stochastic rounding, RHT and swizzled scales are NVFP4/MXFP8"
+                                " features; FP8 block scales are already in the layout the GEMM reads)");
   }
   if (s.kind == te::QuantKind::kFp8Delayed) {
     TORCH_CHECK_VALUE(scale.has_value() && amax.has_value(), op, ": a delayed-scaling FP8 quantizer needs scale and amax");
@@ -143,6 +156,18 @@ void run_mxfp8(te::ActKind kind, bool backward, te::DType dtype, const te::Mxfp8
 #endif
   } else {
     te::quantize_mxfp8_cpu(kind, backward, dtype, p, cpu_parallel_for);
+  }
+}
+
+void run_fp8_block(te::DType dtype, const te::Fp8BlockParams& p, const Tensor& ref) {
+  if (ref.is_cuda()) {
+#if defined(TE_WITH_CUDA)
+    te::quantize_fp8_block_cuda(dtype, p, current_stream());
+#else
+    TORCH_CHECK(false, "transformer_engine_torch was built without CUDA; CUDA tensors are not supported");
+#endif
+  } else {
+    te::quantize_fp8_block_cpu(dtype, p, cpu_parallel_for);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../core/activation.h"
+#include "../core/quantize_fp8_block.h"
 #include "../core/quantize_mxfp8.h"
 
 #if defined(TE_WITH_CUDA)
@@ -46,6 +47,10 @@ struct QuantSpec {
   bool two_d() const { return flags & (1 << 1); }
   bool swizzled() const { return flags & (1 << 5); }
   bool e4m3() const { return dtype == te::DType::kFloat8E4M3; }
+  // "FP8 block 1x128 E4M3" / "FP8 block 128x128 E5M2": the format as error messages name it.
+  std::string fp8_block_name() const {
+    return std::string(block_dim == 2 ? "FP8 block 128x128 " : "FP8 block 1x128 ") + (e4m3() ? "E4M3" : "E5M2");
+  }
 };
 
 QuantSpec make_spec(const char* op, int64_t qkind, int64_t qdtype, bool rowwise, bool columnwise, int64_t qflags,
@@ -61,6 +66,7 @@ void check_scalar_f32(const Tensor& t, const Tensor& ref, const char* op, const 
 // Launches on the current stream of `ref`'s device (or the CPU thread pool).
 void run_activation(te::ActKind kind, bool backward, te::DType dtype, const te::ActKernelParams& p, const Tensor& ref);
 void run_mxfp8(te::ActKind kind, bool backward, te::DType dtype, const te::Mxfp8Params& p, const Tensor& ref);
+void run_fp8_block(te::DType dtype, const te::Fp8BlockParams& p, const Tensor& ref);
 void run_dbias_reduce(const Tensor& partial, Tensor& out);
 // Zeroes a one-element float32 tensor: a 4-byte memset on the current stream for CUDA (cheaper to issue than a
 // fill kernel, capturable), a plain store on the CPU.
