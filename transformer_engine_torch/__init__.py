@@ -15,11 +15,11 @@ from .dtypes import DType
 from .enums import FP8BwdTensors, FP8FwdTensors
 from .gemm import *  # noqa: F401,F403
 from .gemm import __all__ as _gemm_all
-from .quantizers import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer, Quantizer
-from .tensors import Float8Tensor, MXFP8Tensor, QuantizedTensor
+from .quantizers import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer, NVFP4Quantizer, Quantizer
+from .tensors import Float8Tensor, MXFP8Tensor, NVFP4Tensor, QuantizedTensor
 
 __version__ = "0.1.0"
 
 __all__ = ["DType", "FP8FwdTensors", "FP8BwdTensors", "Quantizer", "Float8Quantizer",
-           "Float8CurrentScalingQuantizer", "MXFP8Quantizer", "QuantizedTensor", "Float8Tensor",
-           "MXFP8Tensor"] + _act_all + _cast_all + _gemm_all
+           "Float8CurrentScalingQuantizer", "MXFP8Quantizer", "NVFP4Quantizer", "QuantizedTensor", "Float8Tensor",
+           "MXFP8Tensor", "NVFP4Tensor"] + _act_all + _cast_all + _gemm_all
