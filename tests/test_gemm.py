@@ -522,15 +522,38 @@ def test_mxfp8_operands(tex, device, layout):
     out = tex.general_gemm(A, B, layout=layout, out_dtype=torch.float32)[0]
     assert out.shape == (32, 64)
 
-    def used(t, rowwise):  # dequantized values of one copy, as the GEMM sees them
-        only = t.clone()
-        only.update_usage(rowwise_usage=rowwise, columnwise_usage=not rowwise)
-        return cpu(only.dequantize(torch.float32)).to(F64)
-
-    a, b = used(A, layout[0] == "T"), used(B, layout[1] == "N")
-    r = op(b, layout[1] == "T") @ op(a, layout[0] == "T")
-    base = r.to(torch.bfloat16).to(F64) if device == "cuda" else r.to(torch.float32).to(F64)
+    r, base = _block_operands_product(A, B, layout, device)
     assert_gemm_close(out, r, base, torch.float32, "mxfp8")
+
+
+def _used_copy(t, rowwise):
+    """Dequantized values (float64, CPU) of one copy of a block-format tensor, as the GEMM emulation sees them."""
+    only = t.clone()
+    only.update_usage(rowwise_usage=rowwise, columnwise_usage=not rowwise)
+    return cpu(only.dequantize(torch.float32)).to(F64)
+
+
+def _block_operands_product(A, B, layout, device):
+    """(float64 product op(b)·op(a) of the copies SPEC §6.4 picks, its rounding to the emulation's GEMM dtype)."""
+    a, b = _used_copy(A, layout[0] == "T"), _used_copy(B, layout[1] == "N")
+    r = op(b, layout[1] == "T") @ op(a, layout[0] == "T")
+    return r, (r.to(torch.bfloat16).to(F64) if device == "cuda" else r.to(torch.float32).to(F64))
+
+
+@pytest.mark.parametrize("layout", ["TN", "NN", "NT", "TT"])
+def test_nvfp4_operands(tex, device, layout):
+    """Real NVFP4 tensors (both copies; the columnwise one stored transposed [K, M/2]) through the emulation, against
+    the float64 product of the dequantized copies SPEC §6.4 picks; also with 2-D tiles (weights)."""
+    sa, sb = shapes_for(layout, 64, 32, 96)
+    for kw in (dict(), dict(with_2d_quantization=True)):
+        q = tex.NVFP4Quantizer(**kw)
+        A = tex.quantize(rnd(sa, torch.bfloat16, device, 212), q)
+        B = tex.quantize(rnd(sb, torch.bfloat16, device, 213), q)
+        out = tex.general_gemm(A, B, layout=layout, out_dtype=torch.float32)[0]
+        assert out.shape == (32, 64)
+        r, base = _block_operands_product(A, B, layout, device)
+        assert_gemm_close(out, r, base, torch.float32, f"nvfp4 {kw}")
+        assert not torch.allclose(out.cpu().to(F64), -r, rtol=1e-2, atol=1e-2), "a wrong answer would pass"
 
 
 def test_block_format_emulation_errors(tex):
