@@ -562,6 +562,22 @@ def test_fp8_block_operands(tex, device, layout, dims):
         assert (r2 - r).abs().max().item() > 1e-3 * r.abs().max().item()
 
 
+@pytest.mark.parametrize("layout", ["TN", "NN", "NT", "TT"])
+def test_nvfp4_operands(tex, device, layout):
+    """Real NVFP4 tensors (both copies; the columnwise one stored transposed [K, M/2]) through the emulation, against
+    the float64 product of the dequantized copies SPEC §6.4 picks; also with 2-D tiles (weights)."""
+    sa, sb = shapes_for(layout, 64, 32, 96)
+    for kw in (dict(), dict(with_2d_quantization=True)):
+        q = tex.NVFP4Quantizer(**kw)
+        A = tex.quantize(rnd(sa, torch.bfloat16, device, 212), q)
+        B = tex.quantize(rnd(sb, torch.bfloat16, device, 213), q)
+        out = tex.general_gemm(A, B, layout=layout, out_dtype=torch.float32)[0]
+        assert out.shape == (32, 64)
+        r, base = _emulated_product(A, B, layout, device)
+        assert_gemm_close(out, r, base, torch.float32, f"nvfp4 {kw}")
+        assert not torch.allclose(out.cpu().to(F64), -r, rtol=1e-2, atol=1e-2), "a wrong answer would pass"
+
+
 def test_block_format_emulation_errors(tex):
     x = lambda *s: torch.zeros(*s)  # noqa: E731
     mx = lambda r, c=None: _fake_block_tensor("MXFP8Tensor", r, c)  # noqa: E731

@@ -16,11 +16,12 @@ from .enums import FP8BwdTensors, FP8FwdTensors
 from .gemm import *  # noqa: F401,F403
 from .gemm import __all__ as _gemm_all
 from .quantizers import (Float8BlockQuantizer, Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer,
-                         Quantizer)
-from .tensors import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, QuantizedTensor
+                         NVFP4Quantizer, Quantizer)
+from .tensors import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor, QuantizedTensor
 
 __version__ = "0.1.0"
 
 __all__ = ["DType", "FP8FwdTensors", "FP8BwdTensors", "Quantizer", "Float8Quantizer",
-           "Float8CurrentScalingQuantizer", "MXFP8Quantizer", "Float8BlockQuantizer", "QuantizedTensor",
-           "Float8Tensor", "MXFP8Tensor", "Float8BlockwiseQTensor"] + _act_all + _cast_all + _gemm_all
+           "Float8CurrentScalingQuantizer", "MXFP8Quantizer", "NVFP4Quantizer", "Float8BlockQuantizer",
+           "QuantizedTensor", "Float8Tensor", "MXFP8Tensor", "NVFP4Tensor", "Float8BlockwiseQTensor"] + _act_all + \
+    _cast_all + _gemm_all

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .tensors import _transposed_shape, fp8_block_scale_shapes, mxfp8_scale_shapes
+from .tensors import _transposed_shape, fp8_block_scale_shapes, mxfp8_scale_shapes, nvfp4_data_shapes, nvfp4_scale_shapes
 
 GATED = {1, 2, 4, 6, 8, 10, 11}
 QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8, QKIND_NVFP4, QKIND_FP8_BLOCK = range(6)
@@ -44,6 +44,16 @@ def _quant_outputs(x, shape, qkind, rowwise, columnwise, rest=()):
         return (u8(shape) if rowwise else u8((0,)), f32(rs) if rowwise else e32(),
                 u8(_transposed_shape(shape)) if columnwise else u8((0,)), f32(cs) if columnwise else e32(), e32(),
                 e32())
+    if qkind == QKIND_NVFP4:
+        # Packed E2M1 data (rowwise shape[:-1] + (K/2,), columnwise 2-D [K, M/2]), uint8 E4M3 scales of the padded
+        # SPEC §4.8 shapes, float32 [1] amaxes, each present with its usage.
+        u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
+        f1 = lambda: x.new_empty((1,), dtype=torch.float32)  # noqa: E731
+        rs, cs = nvfp4_scale_shapes(shape)
+        rd, cd = nvfp4_data_shapes(shape)
+        return (u8(rd) if rowwise else u8((0,)), u8(rs) if rowwise else e32(),
+                u8(cd) if columnwise else u8((0,)), u8(cs) if columnwise else e32(),
+                f1() if rowwise else e32(), f1() if columnwise else e32())
     raise NotImplementedError(f"quantizer kind {qkind} is not available in this build yet")
 
 

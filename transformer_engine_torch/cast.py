@@ -4,9 +4,11 @@ from __future__ import annotations
 import torch
 
 from .dtypes import FLOAT_DTYPES, as_fp8_dtype, to_torch_dtype
-from .quantizers import Float8BlockQuantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, check_quantizer
-from .tensors import (Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, QuantizedTensor, _transposed_shape,
-                      fp8_block_scale_shapes, mxfp8_scale_shapes, swizzle_mx_scales)
+from .quantizers import (Float8BlockQuantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, NVFP4Quantizer,
+                         check_quantizer)
+from .tensors import (Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor, QuantizedTensor,
+                      _transposed_shape, fp8_block_scale_shapes, mxfp8_scale_shapes, nvfp4_data_shapes,
+                      nvfp4_scale_shapes, swizzle_mx_scales, swizzle_nvfp4_scales)
 
 # Looked up once rather than through three attribute lookups per call.
 _QUANTIZE = torch.ops.te.quantize.default
@@ -49,6 +51,8 @@ def quantize(tensor, quantizer, output=None, noop=None):
         expected, fill = MXFP8Tensor, _mxfp8_buffers
     elif isinstance(quantizer, Float8BlockQuantizer):
         expected, fill = Float8BlockwiseQTensor, _fp8_block_buffers
+    elif isinstance(quantizer, NVFP4Quantizer):
+        expected, fill = NVFP4Tensor, None
     else:
         expected, fill = Float8Tensor, _float8_buffers
     if not isinstance(output, expected):
@@ -57,6 +61,10 @@ def quantize(tensor, quantizer, output=None, noop=None):
     if tuple(output.shape) != tuple(tensor.shape):
         raise ValueError(f"quantize: output has shape {tuple(output.shape)} but the input has shape "
                          f"{tuple(tensor.shape)}")
+    if expected is NVFP4Tensor:
+        buffers, amax_pair = _nvfp4_buffers(output, tensor, quantizer)
+        torch.ops.te.quantize_into.default(tensor, *quantizer._spec(noop, amax=amax_pair), **buffers)
+        return output
     buffers = fill(output, tensor, quantizer)
     # The buffers by name: the spec before them may stop short of its last field (Quantizer._spec).
     torch.ops.te.quantize_into.default(tensor, *_spec_for(tensor, quantizer, noop), **buffers)
@@ -125,13 +133,49 @@ def _fp8_block_buffers(output, tensor, quantizer):
                 col_data=output._columnwise_data, col_scale_inv=output._columnwise_scale_inv)
 
 
+def _nvfp4_buffers(output, tensor, quantizer):
+    """NVFP4Tensor buffers for quantize_into: missing usages allocated, unwanted ones dropped. The two amaxes are
+    written as one float32 [2] pair: when the tensor's `_amax_rowwise` / `_amax_columnwise` are not already the two
+    halves of one such buffer (as make_empty makes them), they are rebound to the halves of a new one."""
+    (rs, cs), (rd, cd) = nvfp4_scale_shapes(tensor.shape), nvfp4_data_shapes(tensor.shape)
+    for usage, pieces in ((quantizer.rowwise_usage, (("_rowwise_data", rd), ("_rowwise_scale_inv", rs))),
+                          (quantizer.columnwise_usage, (("_columnwise_data", cd), ("_columnwise_scale_inv", cs)))):
+        for name, shape in pieces:
+            if not usage:
+                setattr(output, name, None)
+            elif getattr(output, name) is None:
+                setattr(output, name, torch.empty(shape, dtype=torch.uint8, device=tensor.device))
+    ar, ac = output._amax_rowwise, output._amax_columnwise
+    base = next((t for t in (ar, ac) if t is not None), None)
+    pair = None
+    if base is not None and base._base is not None and base._base.numel() == 2 and base._base.dtype == torch.float32:
+        cand = base._base
+        if ((ar is None or ar.data_ptr() == cand.data_ptr()) and
+                (ac is None or ac.data_ptr() == cand.data_ptr() + 4)):
+            pair = cand
+    if pair is None:
+        pair = torch.zeros(2, dtype=torch.float32, device=tensor.device)
+    output._amax_rowwise = pair[0:1] if quantizer.rowwise_usage else None
+    output._amax_columnwise = pair[1:2] if quantizer.columnwise_usage else None
+    output._with_gemm_swizzled_scales = quantizer.optimize_for_gemm
+    output._quantizer = quantizer.copy()
+    return (dict(row_data=output._rowwise_data, row_scale_inv=output._rowwise_scale_inv,
+                 col_data=output._columnwise_data, col_scale_inv=output._columnwise_scale_inv), pair)
+
+
 def swizzle_scales_for_gemm_(tensor):
     """Rewrites an MXFP8 tensor's compact scales in the GEMM-swizzled layout (SPEC §4.8), in place: the scale
     tensors keep their storage (CUDA graphs that captured them stay valid). A no-op when already swizzled."""
-    if not isinstance(tensor, MXFP8Tensor):
-        raise TypeError(f"swizzle_scales_for_gemm_: expected an MXFP8Tensor (NVFP4 is not provided yet), "
+    if not isinstance(tensor, (MXFP8Tensor, NVFP4Tensor)):
+        raise TypeError(f"swizzle_scales_for_gemm_: expected an MXFP8Tensor or an NVFP4Tensor, "
                         f"got {type(tensor).__name__}")
     if tensor._with_gemm_swizzled_scales:
+        return tensor
+    if isinstance(tensor, NVFP4Tensor):
+        for s in (tensor._rowwise_scale_inv, tensor._columnwise_scale_inv):
+            if s is not None and s.numel():
+                s.copy_(swizzle_nvfp4_scales(s))
+        tensor._with_gemm_swizzled_scales = True
         return tensor
     for s, columnwise in ((tensor._rowwise_scale_inv, False), (tensor._columnwise_scale_inv, True)):
         if s is not None and s.numel():
