@@ -21,6 +21,7 @@ gpu-check:
 
 bench:
 	$(PYTHON) benchmarks/bench_activations.py
+	$(PYTHON) benchmarks/bench_mlp.py
 
 clean:
 	rm -rf build transformer_engine_torch/_C*.so *.egg-info

@@ -147,6 +147,29 @@ def mxfp8_ref(a, in_dtype, columnwise):
     return out
 
 
+def fp8_block_1x128_ref(v):
+    """1x128 blocks along the rows of FP32 [R, K] (K % 128 == 0), power-of-two scales (SPEC 4.7 defaults; no
+    amax here is 0, Inf or tiny): (E4M3 codes as float8 [R, K], scale_inv [R, K/128])."""
+    r, k = v.shape
+    b = v.reshape(r, k // 128, 128)
+    amax = b.abs().amax(-1)
+    s = torch.where(amax > 0, torch.tensor(E4M3_MAX, dtype=torch.float32) / amax, torch.ones_like(amax))
+    s = (s.view(torch.int32) & -8388608).view(torch.float32)  # clear the mantissa: round down to 2^n
+    q = (b * s[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
+    return q.reshape(r, k), 1.0 / s
+
+
+def fp8_block_ref(a, in_dtype, columnwise):
+    """FP8 block 1x128 (UNFUSED: the value rounded to the input dtype, then quantized): rowwise blocks along K;
+    the columnwise copy is x^T [K, M] with 1x128 blocks along its rows."""
+    v = a.to(in_dtype).float().reshape(-1, a.shape[-1])
+    out = {}
+    out["fb_row"], out["fb_row_sinv"] = fp8_block_1x128_ref(v)
+    if columnwise:
+        out["fb_col"], out["fb_col_sinv"] = fp8_block_1x128_ref(v.t().contiguous())
+    return out
+
+
 def make_reference(op, quant, columnwise, in_dtype):
     """The same math as our op, in plain torch. Arguments: the op's tensor inputs, then (scale, amax) for
     delayed scaling. Returns a dict with keys among dbias, y, q, qt, scale_inv, amax."""
@@ -169,6 +192,8 @@ def make_reference(op, quant, columnwise, in_dtype):
             out.update(fp8_current_ref(a, in_dtype))
         elif quant == "mxfp8":
             out.update(mxfp8_ref(a, in_dtype, columnwise))
+        elif quant == "fp8block":
+            out.update(fp8_block_ref(a, in_dtype, columnwise))
         else:
             raise ValueError(f"unknown quantizer kind {quant!r}")
         return out
@@ -183,7 +208,7 @@ def make_reference(op, quant, columnwise, in_dtype):
 @dataclass(frozen=True)
 class CaseSpec:
     op: str  # gelu | swiglu | dgelu | dbias_dgelu | quantize
-    quant: object  # None | "delayed" | "current" | "mxfp8"
+    quant: object  # None | "delayed" | "current" | "mxfp8" | "fp8block"
     columnwise: bool  # also write the columnwise FP8 copy (transposed for FP8 per-tensor, same shape for MXFP8)
     bytes_per_elt: float
 
@@ -210,6 +235,8 @@ CASE_SPECS = [
     CaseSpec("gelu", "mxfp8", False, 2 + 1 + 1 / 32),  # 2 read x + 1 write q + 1/32 scale
     CaseSpec("gelu", "mxfp8", True, 2 + 2 + 2 / 32),  # 2 read x + 1 + 1 write (both copies) + 2/32 scales
     CaseSpec("swiglu", "mxfp8", False, 4 + 1 + 1 / 32),  # 4 read [a|b] + 1 write q + 1/32 scale
+    # FP8 block 1x128 with the columnwise (transposed) copy: one pass; float32 scales, 4 bytes per 128 per copy
+    CaseSpec("quantize", "fp8block", True, 2 + 2 + 8 / 128),  # 2 read x + 1 + 1 write (both copies) + scales
 ]
 
 
@@ -218,6 +245,8 @@ def quant_label(spec):
         return "bf16"
     if spec.quant == "mxfp8":
         return "mxfp8" + ("+col" if spec.columnwise else "")
+    if spec.quant == "fp8block":
+        return "fp8-block 1x128" + (" (+T)" if spec.columnwise else "")
     return f"fp8-{spec.quant}" + ("+T" if spec.columnwise else "")
 
 
@@ -365,6 +394,28 @@ def compare_mx(got, ref, info):
         info.append(f"{label} MXFP8 bytes equal to reference: {100 * same:.3f} %")
 
 
+def compare_fb(got, ref, info):
+    """FP8 block pieces: a plain cast has no activation math, so codes and scales must equal the reference's."""
+    for side, label in (("row", "rowwise"), ("col", "columnwise (transposed)")):
+        if f"fb_{side}" not in ref:
+            continue
+        q, sinv = got.get(f"fb_{side}"), got.get(f"fb_{side}_sinv")
+        if q is None:
+            raise ValidationError(f"no {label} FP8 block copy although it was requested")
+        rq, rs = ref[f"fb_{side}"].view(torch.uint8), ref[f"fb_{side}_sinv"]
+        r, nb = rs.shape
+        if tuple(q.shape) != tuple(rq.shape):
+            raise ValidationError(f"{label} FP8 block data shape {tuple(q.shape)}, expected {tuple(rq.shape)}")
+        # the op stores [K/128, roundup(M, 4)] (M contiguous); a compiled reference has the reference's own layout
+        ours_sinv = sinv if tuple(sinv.shape) == tuple(rs.shape) else sinv[:nb, :r].t()
+        if not torch.equal(ours_sinv, rs):
+            raise ValidationError(f"{label} FP8 block scale_inv differs from the reference")
+        n_bad = int((q.view(torch.uint8) != rq).sum().item())
+        if n_bad:
+            raise ValidationError(f"{label} FP8 block data: {n_bad} of {q.numel()} bytes differ from the reference")
+        info.append(f"{label} FP8 block bytes and scales equal to reference")
+
+
 def compare_outputs(got, ref, in_dtype, rows):
     """Compare output dicts (keys among dbias, y, q, qt, scale_inv, amax). Returns an info string;
     raises ValidationError on the first mismatch."""
@@ -385,6 +436,7 @@ def compare_outputs(got, ref, in_dtype, rows):
         same = (got["q"].view(torch.uint8) == ref["q"].view(torch.uint8)).float().mean().item()
         info.append(f"FP8 bytes equal to reference: {100 * same:.3f} %")
     compare_mx(got, ref, info)
+    compare_fb(got, ref, info)
     if "qt" in ref:
         q2d = got["q"].view(torch.uint8).reshape(-1, got["q"].shape[-1])
         if tuple(got["qt"].shape) != tuple(q2d.t().shape):
@@ -413,6 +465,11 @@ def ours_outputs(spec, result, amax_buf):
         out["mx_row"], out["mx_row_scale"] = result._rowwise_data, result._rowwise_scale_inv
         if spec.columnwise:
             out["mx_col"], out["mx_col_scale"] = result._columnwise_data, result._columnwise_scale_inv
+        return out
+    if spec.quant == "fp8block":
+        out["fb_row"], out["fb_row_sinv"] = result._rowwise_data, result._rowwise_scale_inv
+        if spec.columnwise:
+            out["fb_col"], out["fb_col_sinv"] = result._columnwise_data, result._columnwise_scale_inv
         return out
     data = getattr(result, "_data", None)
     if data is None:
@@ -446,6 +503,9 @@ def make_quantizer(spec, scale, amax):
         return tex.Float8Quantizer(scale, amax, tex.DType.kFloat8E4M3, rowwise=True, columnwise=spec.columnwise)
     if spec.quant == "mxfp8":
         return tex.MXFP8Quantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=spec.columnwise)
+    if spec.quant == "fp8block":
+        return tex.Float8BlockQuantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=spec.columnwise,
+                                        block_scaling_dim=1)
     return tex.Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=spec.columnwise)
 
 

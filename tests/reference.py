@@ -686,3 +686,309 @@ def dequantize_mxfp8_ref(codes, scale, fmt, columnwise, otype):
     else:
         f = e8m0_value(scale[:M, :K // MX_BLOCK]).repeat_interleave(MX_BLOCK, 1)
     return (fp8_decode(codes, fmt) * f).to(otype)
+
+
+# ----------------------------------------------------------------------------------------------
+# FP8 block scaling (SPEC §4.7 block rule, §4.8 scale shapes, §4.9 transposed columnwise copy)
+# ----------------------------------------------------------------------------------------------
+FB_BLOCK = 128
+
+
+def input_max_finite(dtype):
+    """The input dtype's largest finite value as an FP32 0-d tensor (bf16: 0x7F7F0000, fp16: 65504)."""
+    return torch.tensor(torch.finfo(dtype).max, dtype=F64).to(F32)
+
+
+def fb_scale_shapes(M, K, block_dim):
+    """(rowwise, columnwise) padded scale shapes of SPEC §4.8."""
+    mb, kb = ceil_div(M, FB_BLOCK), ceil_div(K, FB_BLOCK)
+    if block_dim == 2:
+        return (mb, roundup(kb, 4)), (kb, roundup(mb, 4))
+    return (kb, roundup(M, 4)), (mb, roundup(K, 4))
+
+
+def fb_block_scale(amax, fmt, pow2, eps, in_max):
+    """SPEC §4.4 step 3 with §4.7's change, elementwise on an FP32 tensor of block amaxes (NaN already ignored):
+    amax < eps -> eps; amax 0 or Inf -> 1; else fl(fp8_max / amax) (one FP32 division), Inf -> in_max;
+    pow2 clears the 23 mantissa bits."""
+    a = torch.where(amax < torch.tensor(eps, dtype=F32), torch.tensor(eps, dtype=F32), amax)
+    special = (a == 0) | torch.isinf(a) | torch.isnan(a)
+    safe = torch.where(special, torch.ones_like(a), a)
+    s = torch.tensor(FP8_MAX[fmt_of(fmt)], dtype=F32) / safe
+    s = torch.where(torch.isinf(s), in_max.expand_as(s), s)
+    s = torch.where(special, torch.ones_like(s), s)
+    if pow2:
+        s = torch.bitwise_and(s.contiguous().view(torch.int32), torch.tensor(-8388608, dtype=torch.int32)).view(F32)
+    return s
+
+
+def _fb_amax(blocks, dims):
+    """max |v| over `dims`, NaN ignored (padding zeros never raise it)."""
+    a = blocks.abs()
+    a = torch.where(torch.isnan(a), torch.zeros_like(a), a)
+    return a.amax(dim=dims)
+
+
+def _fb_rows_1x128(v, fmt, pow2, eps, in_max):
+    """1x128 blocks along the rows of an FP32 [R, C] matrix: (codes [R, C], scale_inv [R, ceil(C/128)])."""
+    R, C = v.shape
+    nb = ceil_div(C, FB_BLOCK)
+    padded = torch.zeros(R, nb * FB_BLOCK, dtype=F32)
+    padded[:, :C] = v
+    blocks = padded.reshape(R, nb, FB_BLOCK)
+    scale = fb_block_scale(_fb_amax(blocks, -1), fmt, pow2, eps, in_max)      # [R, nb]
+    q = fp8_encode(blocks * scale[..., None], fmt).reshape(R, nb * FB_BLOCK)[:, :C]
+    return q.contiguous(), torch.ones((), dtype=F32) / scale
+
+
+class FBRef:
+    """Reference FP8 block result: row [M, K] uint8, col [K, M] uint8 (the stored transposed copy), compact padded
+    float32 scales; None for an absent copy."""
+
+    def __init__(self, row, row_scale, col, col_scale):
+        self.row, self.row_scale, self.col, self.col_scale = row, row_scale, col, col_scale
+
+
+def quantize_fp8_block_ref(x, fmt, block_dim=2, pow2=True, eps=0.0, rowwise=True, columnwise=True):
+    """SPEC §4.7 on `x` (any shape, float32/float16/bfloat16; its dtype sets the Inf-scale replacement): flattened
+    to [M, K] (0-d: [1, 1]); q = fp8(fl(x * scale)), scale_inv = fl(1 / scale). 1-D: rowwise 1x128 blocks along K;
+    columnwise = x^T [K, M] quantized with 1x128 blocks along its rows. 2-D: one scale per 128x128 tile; the
+    columnwise copy is the bitwise transpose. Partial edge blocks use the elements that exist."""
+    fmt = fmt_of(fmt)
+    in_max = input_max_finite(x.dtype)
+    v = x.detach().cpu().to(F32)
+    K = v.shape[-1] if v.dim() else 1
+    M = math.prod(v.shape[:-1]) if v.dim() else 1
+    v = v.reshape(M, K)
+    (rr, rc), (cr, cc) = fb_scale_shapes(M, K, block_dim)
+    row = row_scale = col = col_scale = None
+    if block_dim == 2:
+        mb, kb = ceil_div(M, FB_BLOCK), ceil_div(K, FB_BLOCK)
+        padded = torch.zeros(mb * FB_BLOCK, kb * FB_BLOCK, dtype=F32)
+        padded[:M, :K] = v
+        tiles = padded.reshape(mb, FB_BLOCK, kb, FB_BLOCK)
+        scale = fb_block_scale(_fb_amax(tiles, (1, 3)), fmt, pow2, eps, in_max)   # [mb, kb]
+        q = fp8_encode(tiles * scale[:, None, :, None], fmt).reshape(mb * FB_BLOCK, kb * FB_BLOCK)[:M, :K]
+        sinv = torch.ones((), dtype=F32) / scale
+        if rowwise:
+            row = q.contiguous()
+            row_scale = torch.zeros(rr, rc, dtype=F32)
+            row_scale[:, :kb] = sinv
+        if columnwise:
+            col = q.t().contiguous()
+            col_scale = torch.zeros(cr, cc, dtype=F32)
+            col_scale[:, :mb] = sinv.t()
+        return FBRef(row, row_scale, col, col_scale)
+    if rowwise:
+        row, sinv = _fb_rows_1x128(v, fmt, pow2, eps, in_max)                       # sinv [M, kb]
+        row_scale = torch.zeros(rr, rc, dtype=F32)
+        row_scale[:, :M] = sinv.t()
+    if columnwise:
+        col, sinv = _fb_rows_1x128(v.t().contiguous(), fmt, pow2, eps, in_max)      # [K, M], sinv [K, mb]
+        col_scale = torch.zeros(cr, cc, dtype=F32)
+        col_scale[:, :K] = sinv.t()
+    return FBRef(row, row_scale, col, col_scale)
+
+
+def dequantize_fp8_block_ref(r, fmt, block_dim, shape, otype, columnwise=False):
+    """fl(decode(code) * scale_inv[block]) in FP32, rounded once to otype, element by element through explicit
+    block indices; the columnwise copy is transposed back to `shape`."""
+    fmt = fmt_of(fmt)
+    codes, scale = (r.col, r.col_scale) if columnwise else (r.row, r.row_scale)
+    R, C = codes.shape
+    ri = torch.arange(R).reshape(R, 1).expand(R, C)
+    ci = torch.arange(C).reshape(1, C).expand(R, C)
+    if block_dim == 2:
+        f = scale[ri // FB_BLOCK, ci // FB_BLOCK]   # the stored copy's own tile grid (transposed for columnwise)
+    else:
+        f = scale[ci // FB_BLOCK, ri]               # [block along the stored row, stored row]
+    out = (fp8_decode(codes, fmt) * f).to(otype)
+    return (out.t() if columnwise else out).reshape(shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# NVFP4 (SPEC §2 E2M1, §4.6 two-level scaling, SR and RHT, §4.8 scale shapes)
+# ----------------------------------------------------------------------------------------------
+NV_BLOCK = 16
+NV_INV6 = torch.tensor(1.0, dtype=F32) / torch.tensor(6.0, dtype=F32)         # fl(1/6)
+NV_INV2688 = torch.tensor(1.0, dtype=F32) / torch.tensor(2688.0, dtype=F32)   # fl(1/2688)
+E2M1_GRID = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+RHT_SIGNS = [1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1]   # SPEC §4.6, as a list
+
+
+def nv_scale_shapes(M, K):
+    return (roundup(M, 128), roundup(K // NV_BLOCK, 4)), (roundup(K, 128), roundup(M // NV_BLOCK, 4))
+
+
+def e2m1_encode(x):
+    """FP32 tensor -> E2M1 nibbles (uint8), SPEC §2: thresholds with ties to even, saturate at 6, sign bit of x
+    (-0.0 -> 0x8), NaN -> 0x7."""
+    assert x.dtype == F32
+    a = x.abs()
+    c = torch.full(x.shape, 7, dtype=torch.uint8)
+    for thr, code, inclusive in ((5.0, 6, True), (3.5, 5, False), (2.5, 4, True), (1.75, 3, False),
+                                 (1.25, 2, True), (0.75, 1, False), (0.25, 0, True)):
+        hit = (a <= thr) if inclusive else (a < thr)
+        c = torch.where(hit, torch.full_like(c, code), c)
+    c = torch.where(torch.signbit(x), c | 0x8, c)
+    return torch.where(torch.isnan(x), torch.full_like(c, 0x7), c)
+
+
+def e2m1_decode(nibbles):
+    lut = torch.tensor(E2M1_GRID + [-v for v in E2M1_GRID], dtype=F32)
+    return lut[nibbles.long()]
+
+
+def e2m1_encode_sr(x, r):
+    """Stochastic rounding of SPEC §4.6 with random bytes r (int tensor, same shape): a = |x|, u = r/256,
+    t = fmaf(u, step(a), a) (exact in float64, then one rounding to FP32), q = min(floor(t/step(t))*step(t), 6)."""
+    a = x.abs()
+    step = lambda v: torch.where(v < 2, torch.full_like(v, 0.5), torch.where(v < 4, torch.ones_like(v),  # noqa: E731
+                                                                                torch.full_like(v, 2.0)))
+    u = r.to(F64) / 256.0
+    t = (u * step(a).to(F64) + a.to(F64)).to(F32)  # the fused multiply-add: exact product and sum, one rounding
+    st = step(t)
+    q = torch.clamp(torch.floor(t / st) * st, max=6.0)
+    c = e2m1_encode(q)
+    c = torch.where(torch.signbit(x), c | 0x8, c)
+    return torch.where(torch.isnan(x), torch.full_like(c, 0x7), c)
+
+
+def nv_pack(codes):
+    """[R, K] nibbles -> [R, K/2] bytes, even element in the low nibble."""
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+
+
+def nv_unpack(packed):
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).reshape(packed.shape[0], packed.shape[1] * 2)
+
+
+def nv_global_scale(amax):
+    """S_enc = min(fl(2688 / amax), FLT_MAX); 1 when amax == 0 or S_enc == 0 (FP32 tensor ops)."""
+    amax = torch.as_tensor(amax, dtype=F32)
+    s = torch.tensor(2688.0, dtype=F32) / amax
+    s = torch.clamp(s, max=FLT_MAX)
+    return torch.where((amax == 0) | (s == 0), torch.ones_like(s), s)
+
+
+def philox4x32_10(ctr, key):
+    """Philox4x32-10 on Python ints (4 counter words, 2 key words)."""
+    m = 0xFFFFFFFF
+    c0, c1, c2, c3 = ctr
+    k0, k1 = key
+    for _ in range(10):
+        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & m, p1 & m, ((p0 >> 32) ^ c3 ^ k1) & m, p0 & m
+        k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
+    return [c0, c1, c2, c3]
+
+
+def nv_block_random_bytes(seed, offset, n_blocks, copy):
+    """[n_blocks, 16] random bytes: block b of copy 0 (rowwise) / 1 (columnwise) draws Philox at counter
+    (b lo, b hi | copy << 31, offset lo, offset hi), key (seed lo, seed hi); byte j drives element j."""
+    out = torch.zeros(n_blocks, 16, dtype=torch.int64)
+    for b in range(n_blocks):
+        w = philox4x32_10([b & 0xFFFFFFFF, (b >> 32) | (copy << 31), offset & 0xFFFFFFFF, offset >> 32],
+                          [seed & 0xFFFFFFFF, seed >> 32])
+        for j in range(16):
+            out[b, j] = (w[j // 4] >> (8 * (j % 4))) & 0xFF
+    return out
+
+
+def rht_ref(v, sign_mask_on=True):
+    """SPEC §4.6 transform of each contiguous 16-vector of the rows of v [R, C] (FP32, C % 16 == 0):
+    w_i = fl(v_i * s_i / 4) (exact), y_j = w_0 * H[0][j] + w_1 * H[1][j] + ... in FP32 in index order, rounded
+    to bf16 (returned widened to FP32)."""
+    R, C = v.shape
+    s = torch.tensor(RHT_SIGNS if sign_mask_on else [1] * 16, dtype=F32)
+    idx = torch.arange(16)
+    h = torch.tensor([[(-1.0) ** bin(i & j).count("1") for j in range(16)] for i in range(16)], dtype=F32)
+    w = v.reshape(R, C // 16, 16) * s * 0.25
+    acc = w[..., 0:1] * h[0]
+    for i in idx[1:].tolist():
+        acc = acc + w[..., i:i + 1] * h[i]
+    return acc.to(torch.bfloat16).to(F32).reshape(R, C)
+
+
+def rht_matrix_ref(sign_mask_on=True):
+    """R = diag(s) * H16 / 4 in float64."""
+    s = torch.tensor(RHT_SIGNS if sign_mask_on else [1] * 16, dtype=F64)
+    h = torch.tensor([[(-1.0) ** bin(i & j).count("1") for j in range(16)] for i in range(16)], dtype=F64)
+    return s[:, None] * h / 4
+
+
+def _nv_copy(v, amax, two_d_tile_amax=None, rbytes=None):
+    """1x16 blocks along the rows of the FP32 [R, C] values v with global amax `amax`: (packed [R, C/2],
+    scale bytes [R, C/16]). `two_d_tile_amax` [R, C/16] replaces the block amaxes (2-D tiles); `rbytes`
+    [R * C/16, 16] random bytes switch to stochastic rounding."""
+    R, C = v.shape
+    s_enc = nv_global_scale(amax)
+    s_dec = torch.tensor(1.0, dtype=F32) / s_enc
+    blocks = v.reshape(R, C // NV_BLOCK, NV_BLOCK)
+    a = torch.where(torch.isnan(blocks), torch.zeros_like(blocks), blocks.abs())
+    bamax = a.amax(dim=-1) if two_d_tile_amax is None else two_d_tile_amax
+    sf = fp8_encode(bamax * (s_enc * NV_INV6), "e4m3")                       # two fp32 ops, then RNE E4M3
+    enc = torch.tensor(1.0, dtype=F32) / (fp8_decode(sf, "e4m3") * s_dec)      # fl(1 / fl(sf * S_dec))
+    enc = torch.clamp(enc, max=FLT_MAX)
+    scaled = blocks * enc[..., None]
+    if rbytes is None:
+        codes = e2m1_encode(scaled)
+    else:
+        codes = e2m1_encode_sr(scaled, rbytes.reshape(R, C // NV_BLOCK, NV_BLOCK))
+    return nv_pack(codes.reshape(R, C)), sf
+
+
+class NVRef:
+    def __init__(self, row, row_scale, col, col_scale, amax_row, amax_col):
+        self.row, self.row_scale, self.col, self.col_scale = row, row_scale, col, col_scale
+        self.amax_row, self.amax_col = amax_row, amax_col
+
+
+def quantize_nvfp4_ref(x, rowwise=True, columnwise=True, two_d=False, rht=False, sign_mask_on=True, amax=None,
+                       data=None, seed=None, offset=0):
+    """SPEC §4.6 on x (any shape, last dim % 16 == 0): data packed, scales compact and zero-padded to §4.8.
+    `data` (default x) are the values encoded; `amax` (default amax(x)) the global amax of both copies when no RHT
+    (the fused activation path passes the unrounded activation's amax). `seed` switches on stochastic rounding
+    with the Philox stream of (seed, offset). Returns NVRef with float32 [1] amaxes."""
+    x = x.detach().cpu().to(F32)
+    K = x.shape[-1]
+    M = x.numel() // K if K else 0
+    v = (x if data is None else data.detach().cpu().to(F32)).reshape(M, K)
+    g_row = amax_ref(x) if amax is None else torch.as_tensor(amax, dtype=F32).reshape(())
+    (rr, rc), (cr, cc) = nv_scale_shapes(M, K)
+    tile = None
+    if two_d:
+        nb = ceil_div(M, NV_BLOCK)
+        pad = torch.zeros(nb * NV_BLOCK, K, dtype=F32)
+        pad[:M] = torch.where(torch.isnan(v), torch.zeros_like(v), v.abs())
+        tile = pad.reshape(nb, NV_BLOCK, K // NV_BLOCK, NV_BLOCK).amax(dim=(1, 3))     # [M/16, K/16]
+    out = NVRef(None, None, None, None, None, None)
+    if rowwise:
+        t = None if tile is None else tile.repeat_interleave(NV_BLOCK, 0)[:M]
+        rb = None if seed is None else nv_block_random_bytes(seed, offset, M * (K // NV_BLOCK), 0)
+        out.row, sf = _nv_copy(v, g_row, t, rb)
+        out.row_scale = torch.zeros(rr, rc, dtype=torch.uint8)
+        out.row_scale[:M, :K // NV_BLOCK] = sf
+        out.amax_row = g_row.reshape(1).clone()
+    if columnwise:
+        vt = v.t().contiguous()                       # [K, M]
+        if rht:
+            vt = rht_ref(vt, sign_mask_on)
+            g_col = amax_ref(vt)
+        else:
+            g_col = g_row
+        t = None if tile is None else tile.t().repeat_interleave(NV_BLOCK, 0)
+        rb = None if seed is None else nv_block_random_bytes(seed, offset, K * (M // NV_BLOCK), 1)
+        out.col, sf = _nv_copy(vt, g_col, t, rb)
+        out.col_scale = torch.zeros(cr, cc, dtype=torch.uint8)
+        out.col_scale[:K, :M // NV_BLOCK] = sf
+        out.amax_col = g_col.reshape(1).clone()
+    return out
+
+
+def dequantize_nvfp4_ref(packed, scale, amax, otype=F32):
+    """x = fl(e2m1 * fl(fl(float(sf) * amax) * fl(1/2688))) on one copy [R, C/2] (SPEC §4.6), rounded once."""
+    R, C = packed.shape[0], packed.shape[1] * 2
+    sf = fp8_decode(scale[:R, :C // NV_BLOCK].contiguous(), "e4m3")
+    f = ((sf * amax.reshape(1, 1).to(F32)) * NV_INV2688).repeat_interleave(NV_BLOCK, 1)
+    return (e2m1_decode(nv_unpack(packed)) * f).to(otype)

@@ -512,6 +512,19 @@ def test_block_format_emulation_picks_copy(tex, device, layout, fmt):
     assert not torch.allclose(cpu(out), cpu(wrong), rtol=1e-2, atol=1e-2)
 
 
+def _emulated_product(A, B, layout, device, other_copies=False):
+    """(float64 op(B)·op(A) of the dequantized copies SPEC §6.4 picks, or of the other copies; the same product
+    rounded as the emulation's plain GEMM would: bf16 on the GPU, fp32 on the CPU)."""
+    def used(t, rowwise):  # dequantized values of one copy, as the GEMM sees them
+        only = t.clone()
+        only.update_usage(rowwise_usage=rowwise, columnwise_usage=not rowwise)
+        return cpu(only.dequantize(torch.float32)).to(F64)
+
+    a, b = used(A, (layout[0] == "T") != other_copies), used(B, (layout[1] == "N") != other_copies)
+    r = op(b, layout[1] == "T") @ op(a, layout[0] == "T")
+    return r, (r.to(torch.bfloat16).to(F64) if device == "cuda" else r.to(torch.float32).to(F64))
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_mxfp8_operands(tex, device, layout):
     """Real MXFP8 tensors (both copies) through the emulation: op(B)·op(A) of the copies SPEC §6.4 picks, within the
@@ -521,16 +534,48 @@ def test_mxfp8_operands(tex, device, layout):
     A, B = tex.quantize(rnd(sa, torch.bfloat16, device, 210), q), tex.quantize(rnd(sb, torch.bfloat16, device, 211), q)
     out = tex.general_gemm(A, B, layout=layout, out_dtype=torch.float32)[0]
     assert out.shape == (32, 64)
-
-    def used(t, rowwise):  # dequantized values of one copy, as the GEMM sees them
-        only = t.clone()
-        only.update_usage(rowwise_usage=rowwise, columnwise_usage=not rowwise)
-        return cpu(only.dequantize(torch.float32)).to(F64)
-
-    a, b = used(A, layout[0] == "T"), used(B, layout[1] == "N")
-    r = op(b, layout[1] == "T") @ op(a, layout[0] == "T")
-    base = r.to(torch.bfloat16).to(F64) if device == "cuda" else r.to(torch.float32).to(F64)
+    r, base = _emulated_product(A, B, layout, device)
     assert_gemm_close(out, r, base, torch.float32, "mxfp8")
+
+
+@pytest.mark.parametrize("dims", [(1, 1), (2, 1), (1, 2)], ids=["1Dx1D", "2Dx1D", "1Dx2D"])
+@pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
+def test_fp8_block_operands(tex, device, layout, dims):
+    """Real FP8 block tensors (both copies; ragged 128-blocks: m = 160, k = 272) through the emulation: op(B)·op(A)
+    of the copies SPEC §6.4 picks (1x128 copies differ from each other, so the right one matters), within the GEMM
+    rule of the float64 product of those dequantized copies (bf16 on the GPU, fp32 on the CPU)."""
+    sa, sb = shapes_for(layout, 160, 48, 272)
+    qa = tex.Float8BlockQuantizer(tex.DType.kFloat8E4M3, block_scaling_dim=dims[0], force_pow_2_scales=False)
+    qb = tex.Float8BlockQuantizer(tex.DType.kFloat8E5M2, block_scaling_dim=dims[1])
+
+    def ranged(shape, seed):  # rows of different magnitudes: rowwise and columnwise blocks get different scales
+        rows = torch.exp2(torch.linspace(-3.0, 3.0, shape[0], device=device))[:, None]
+        return (rnd(shape, torch.float32, device, seed) * rows).to(torch.bfloat16)
+
+    A, B = tex.quantize(ranged(sa, 220), qa), tex.quantize(ranged(sb, 221), qb)
+    out = tex.general_gemm(A, B, layout=layout, out_dtype=torch.float32)[0]
+    assert out.shape == (48, 160)
+    r, base = _emulated_product(A, B, layout, device)
+    assert_gemm_close(out, r, base, torch.float32, f"fp8 block {dims}")
+    if dims == (1, 1):  # the other copies give another product: the copy choice is really tested
+        r2, _ = _emulated_product(A, B, layout, device, other_copies=True)
+        assert (r2 - r).abs().max().item() > 1e-3 * r.abs().max().item()
+
+
+@pytest.mark.parametrize("layout", ["TN", "NN", "NT", "TT"])
+def test_nvfp4_operands(tex, device, layout):
+    """Real NVFP4 tensors (both copies; the columnwise one stored transposed [K, M/2]) through the emulation, against
+    the float64 product of the dequantized copies SPEC §6.4 picks; also with 2-D tiles (weights)."""
+    sa, sb = shapes_for(layout, 64, 32, 96)
+    for kw in (dict(), dict(with_2d_quantization=True)):
+        q = tex.NVFP4Quantizer(**kw)
+        A = tex.quantize(rnd(sa, torch.bfloat16, device, 212), q)
+        B = tex.quantize(rnd(sb, torch.bfloat16, device, 213), q)
+        out = tex.general_gemm(A, B, layout=layout, out_dtype=torch.float32)[0]
+        assert out.shape == (32, 64)
+        r, base = _emulated_product(A, B, layout, device)
+        assert_gemm_close(out, r, base, torch.float32, f"nvfp4 {kw}")
+        assert not torch.allclose(out.cpu().to(F64), -r, rtol=1e-2, atol=1e-2), "a wrong answer would pass"
 
 
 def test_block_format_emulation_errors(tex):

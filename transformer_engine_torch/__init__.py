@@ -1,6 +1,7 @@
 """transformer_engine_torch: fused activations quantized to FP8, quantizers, quantized tensors, cuBLASLt GEMMs.
 
-`import transformer_engine_torch as tex; y = tex.gelu(x, quantizer)`. Importing needs no GPU and no driver:
+`import transformer_engine_torch as tex; y = tex.gelu(x, quantizer)`; layers `tex.Linear`, `tex.MLP` run
+quantized inside `with tex.autocast(recipe=tex.Float8CurrentScaling()):`. Importing needs no GPU and no driver:
 nothing here queries a device. SPEC: shared/SPEC.md.
 """
 import torch  # noqa: F401  (first: loads libc10/libtorch, which _C links against)
@@ -15,11 +16,19 @@ from .dtypes import DType
 from .enums import FP8BwdTensors, FP8FwdTensors
 from .gemm import *  # noqa: F401,F403
 from .gemm import __all__ as _gemm_all
-from .quantizers import Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer, Quantizer
-from .tensors import Float8Tensor, MXFP8Tensor, QuantizedTensor
+from .quantizers import (Float8BlockQuantizer, Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer,
+                         NVFP4Quantizer, Quantizer)
+from .tensors import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor, QuantizedTensor
+from . import jit  # noqa: F401  (transformer_engine_torch.jit, SPEC §7)
+from .recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,
+                     NVFP4BlockScaling, Recipe, autocast, fp8_autocast)
+from . import modules  # noqa: F401
+from .modules import MLP, Linear
 
 __version__ = "0.1.0"
 
 __all__ = ["DType", "FP8FwdTensors", "FP8BwdTensors", "Quantizer", "Float8Quantizer",
-           "Float8CurrentScalingQuantizer", "MXFP8Quantizer", "QuantizedTensor", "Float8Tensor",
-           "MXFP8Tensor"] + _act_all + _cast_all + _gemm_all
+           "Float8CurrentScalingQuantizer", "MXFP8Quantizer", "NVFP4Quantizer", "Float8BlockQuantizer",
+           "QuantizedTensor", "Float8Tensor", "MXFP8Tensor", "NVFP4Tensor", "Float8BlockwiseQTensor", "Format",
+           "Recipe", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling",
+           "Float8BlockScaling", "autocast", "fp8_autocast", "Linear", "MLP"] + _act_all + _cast_all + _gemm_all

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import torch
 
-from .tensors import _transposed_shape, mxfp8_scale_shapes
+from .tensors import _transposed_shape, fp8_block_scale_shapes, mxfp8_scale_shapes, nvfp4_data_shapes, nvfp4_scale_shapes
 
 GATED = {1, 2, 4, 6, 8, 10, 11}
-QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8 = 0, 1, 2, 3
+QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8, QKIND_NVFP4, QKIND_FP8_BLOCK = range(6)
 
 
 def _fwd_shape(x, act):
@@ -20,7 +20,8 @@ def _fwd_shape(x, act):
     return shape
 
 
-def _quant_outputs(x, shape, qkind, rowwise, columnwise):
+def _quant_outputs(x, shape, qkind, rowwise, columnwise, rest=()):
+    """`rest`: the spec fields after `columnwise` that the caller passed (qflags, amax_epsilon, block_dim, ...)."""
     e32 = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
     if qkind == QKIND_NONE:
         return (x.new_empty(shape), e32(), e32(), e32(), e32(), e32())
@@ -34,6 +35,25 @@ def _quant_outputs(x, shape, qkind, rowwise, columnwise):
         rs, cs = mxfp8_scale_shapes(shape)
         return (u8(shape) if rowwise else u8((0,)), u8(rs) if rowwise else e32(),
                 u8(shape) if columnwise else u8((0,)), u8(cs) if columnwise else e32(), e32(), e32())
+    if qkind == QKIND_FP8_BLOCK:
+        # Rowwise data in the tensor's shape, columnwise data transposed, float32 scales of the SPEC §4.8 shapes.
+        block_dim = rest[2] if len(rest) > 2 else 1
+        u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
+        f32 = lambda s: x.new_empty(s, dtype=torch.float32)  # noqa: E731
+        rs, cs = fp8_block_scale_shapes(shape, block_dim == 2)
+        return (u8(shape) if rowwise else u8((0,)), f32(rs) if rowwise else e32(),
+                u8(_transposed_shape(shape)) if columnwise else u8((0,)), f32(cs) if columnwise else e32(), e32(),
+                e32())
+    if qkind == QKIND_NVFP4:
+        # Packed E2M1 data (rowwise shape[:-1] + (K/2,), columnwise 2-D [K, M/2]), uint8 E4M3 scales of the padded
+        # SPEC §4.8 shapes, float32 [1] amaxes, each present with its usage.
+        u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
+        f1 = lambda: x.new_empty((1,), dtype=torch.float32)  # noqa: E731
+        rs, cs = nvfp4_scale_shapes(shape)
+        rd, cd = nvfp4_data_shapes(shape)
+        return (u8(rd) if rowwise else u8((0,)), u8(rs) if rowwise else e32(),
+                u8(cd) if columnwise else u8((0,)), u8(cs) if columnwise else e32(),
+                f1() if rowwise else e32(), f1() if columnwise else e32())
     raise NotImplementedError(f"quantizer kind {qkind} is not available in this build yet")
 
 
@@ -49,12 +69,12 @@ def _dact_fake(grad, x, act, *rest):
 
 @torch.library.register_fake("te::act_quantize")
 def _act_quantize_fake(x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, *rest):
-    return _quant_outputs(x, _fwd_shape(x, act), qkind, rowwise, columnwise)
+    return _quant_outputs(x, _fwd_shape(x, act), qkind, rowwise, columnwise, rest)
 
 
 @torch.library.register_fake("te::dact_quantize")
 def _dact_quantize_fake(grad, x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, *rest):
-    return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
+    return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
 
 
 def _dbias(x, shape):
@@ -63,17 +83,17 @@ def _dbias(x, shape):
 
 @torch.library.register_fake("te::dbias_dact")
 def _dbias_dact_fake(grad, x, act, qkind, qdtype, rowwise, columnwise, *rest):
-    return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
+    return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
 
 
 @torch.library.register_fake("te::quantize")
 def _quantize_fake(x, qkind, qdtype, rowwise, columnwise, *rest):
-    return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
+    return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
 
 
 @torch.library.register_fake("te::bgrad_quantize")
 def _bgrad_quantize_fake(x, qkind, qdtype, rowwise, columnwise, *rest):
-    return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise)
+    return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
 
 
 @torch.library.register_fake("te::quantize_into")

@@ -4,9 +4,11 @@ from __future__ import annotations
 import torch
 
 from .dtypes import FLOAT_DTYPES, as_fp8_dtype, to_torch_dtype
-from .quantizers import Float8CurrentScalingQuantizer, MXFP8Quantizer, check_quantizer
-from .tensors import (Float8Tensor, MXFP8Tensor, QuantizedTensor, _transposed_shape, mxfp8_scale_shapes,
-                      swizzle_mx_scales)
+from .quantizers import (Float8BlockQuantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, NVFP4Quantizer,
+                         check_quantizer)
+from .tensors import (Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor, QuantizedTensor,
+                      _transposed_shape, fp8_block_scale_shapes, mxfp8_scale_shapes, nvfp4_data_shapes,
+                      nvfp4_scale_shapes, swizzle_mx_scales, swizzle_nvfp4_scales)
 
 # Looked up once rather than through three attribute lookups per call.
 _QUANTIZE = torch.ops.te.quantize.default
@@ -45,14 +47,25 @@ def quantize(tensor, quantizer, output=None, noop=None):
     quantizer._check_usage("quantize")
     if output is None:
         output = quantizer.make_empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
-    expected = MXFP8Tensor if isinstance(quantizer, MXFP8Quantizer) else Float8Tensor
+    if isinstance(quantizer, MXFP8Quantizer):
+        expected, fill = MXFP8Tensor, _mxfp8_buffers
+    elif isinstance(quantizer, Float8BlockQuantizer):
+        expected, fill = Float8BlockwiseQTensor, _fp8_block_buffers
+    elif isinstance(quantizer, NVFP4Quantizer):
+        expected, fill = NVFP4Tensor, None
+    else:
+        expected, fill = Float8Tensor, _float8_buffers
     if not isinstance(output, expected):
         raise TypeError(f"quantize: output must be a {expected.__name__} for {type(quantizer).__name__}, "
                         f"got {type(output).__name__}")
     if tuple(output.shape) != tuple(tensor.shape):
         raise ValueError(f"quantize: output has shape {tuple(output.shape)} but the input has shape "
                          f"{tuple(tensor.shape)}")
-    buffers = (_mxfp8_buffers if expected is MXFP8Tensor else _float8_buffers)(output, tensor, quantizer)
+    if expected is NVFP4Tensor:
+        buffers, amax_pair = _nvfp4_buffers(output, tensor, quantizer)
+        torch.ops.te.quantize_into.default(tensor, *quantizer._spec(noop, amax=amax_pair), **buffers)
+        return output
+    buffers = fill(output, tensor, quantizer)
     # The buffers by name: the spec before them may stop short of its last field (Quantizer._spec).
     torch.ops.te.quantize_into.default(tensor, *_spec_for(tensor, quantizer, noop), **buffers)
     return output
@@ -94,13 +107,75 @@ def _mxfp8_buffers(output, tensor, quantizer):
                 col_data=output._columnwise_data, col_scale_inv=output._columnwise_scale_inv)
 
 
+def _fp8_block_buffers(output, tensor, quantizer):
+    """Float8BlockwiseQTensor buffers for quantize_into: missing usages allocated, unwanted ones dropped. The
+    output's block layout must be the quantizer's: its scale buffers have other shapes otherwise."""
+    two_d = quantizer.block_scaling_dim == 2
+    if output._is_2D_scaled != two_d and (output._rowwise_data is not None or output._columnwise_data is not None):
+        raise ValueError(f"quantize: output Float8BlockwiseQTensor{list(output.shape)} holds "
+                         f"{'128x128' if output._is_2D_scaled else '1x128'}-block scales but the quantizer uses "
+                         f"block_scaling_dim={quantizer.block_scaling_dim}; make the output with this quantizer "
+                         f"(make_empty) or quantize without output=")
+    rs, cs = fp8_block_scale_shapes(tensor.shape, two_d)
+    u8, f32 = dict(dtype=torch.uint8, device=tensor.device), dict(dtype=torch.float32, device=tensor.device)
+    for usage, pieces in ((quantizer.rowwise_usage, (("_rowwise_data", tensor.shape, u8),
+                                                     ("_rowwise_scale_inv", rs, f32))),
+                          (quantizer.columnwise_usage, (("_columnwise_data", _transposed_shape(tensor.shape), u8),
+                                                        ("_columnwise_scale_inv", cs, f32)))):
+        for name, shape, kw in pieces:
+            if not usage:
+                setattr(output, name, None)
+            elif getattr(output, name) is None:
+                setattr(output, name, torch.empty(shape, **kw))
+    output._fp8_dtype = quantizer.dtype
+    output._is_2D_scaled = two_d
+    return dict(row_data=output._rowwise_data, row_scale_inv=output._rowwise_scale_inv,
+                col_data=output._columnwise_data, col_scale_inv=output._columnwise_scale_inv)
+
+
+def _nvfp4_buffers(output, tensor, quantizer):
+    """NVFP4Tensor buffers for quantize_into: missing usages allocated, unwanted ones dropped. The two amaxes are
+    written as one float32 [2] pair: when the tensor's `_amax_rowwise` / `_amax_columnwise` are not already the two
+    halves of one such buffer (as make_empty makes them), they are rebound to the halves of a new one."""
+    (rs, cs), (rd, cd) = nvfp4_scale_shapes(tensor.shape), nvfp4_data_shapes(tensor.shape)
+    for usage, pieces in ((quantizer.rowwise_usage, (("_rowwise_data", rd), ("_rowwise_scale_inv", rs))),
+                          (quantizer.columnwise_usage, (("_columnwise_data", cd), ("_columnwise_scale_inv", cs)))):
+        for name, shape in pieces:
+            if not usage:
+                setattr(output, name, None)
+            elif getattr(output, name) is None:
+                setattr(output, name, torch.empty(shape, dtype=torch.uint8, device=tensor.device))
+    ar, ac = output._amax_rowwise, output._amax_columnwise
+    base = next((t for t in (ar, ac) if t is not None), None)
+    pair = None
+    if base is not None and base._base is not None and base._base.numel() == 2 and base._base.dtype == torch.float32:
+        cand = base._base
+        if ((ar is None or ar.data_ptr() == cand.data_ptr()) and
+                (ac is None or ac.data_ptr() == cand.data_ptr() + 4)):
+            pair = cand
+    if pair is None:
+        pair = torch.zeros(2, dtype=torch.float32, device=tensor.device)
+    output._amax_rowwise = pair[0:1] if quantizer.rowwise_usage else None
+    output._amax_columnwise = pair[1:2] if quantizer.columnwise_usage else None
+    output._with_gemm_swizzled_scales = quantizer.optimize_for_gemm
+    output._quantizer = quantizer.copy()
+    return (dict(row_data=output._rowwise_data, row_scale_inv=output._rowwise_scale_inv,
+                 col_data=output._columnwise_data, col_scale_inv=output._columnwise_scale_inv), pair)
+
+
 def swizzle_scales_for_gemm_(tensor):
     """Rewrites an MXFP8 tensor's compact scales in the GEMM-swizzled layout (SPEC §4.8), in place: the scale
     tensors keep their storage (CUDA graphs that captured them stay valid). A no-op when already swizzled."""
-    if not isinstance(tensor, MXFP8Tensor):
-        raise TypeError(f"swizzle_scales_for_gemm_: expected an MXFP8Tensor (NVFP4 is not provided yet), "
+    if not isinstance(tensor, (MXFP8Tensor, NVFP4Tensor)):
+        raise TypeError(f"swizzle_scales_for_gemm_: expected an MXFP8Tensor or an NVFP4Tensor, "
                         f"got {type(tensor).__name__}")
     if tensor._with_gemm_swizzled_scales:
+        return tensor
+    if isinstance(tensor, NVFP4Tensor):
+        for s in (tensor._rowwise_scale_inv, tensor._columnwise_scale_inv):
+            if s is not None and s.numel():
+                s.copy_(swizzle_nvfp4_scales(s))
+        tensor._with_gemm_swizzled_scales = True
         return tensor
     for s, columnwise in ((tensor._rowwise_scale_inv, False), (tensor._columnwise_scale_inv, True)):
         if s is not None and s.numel():

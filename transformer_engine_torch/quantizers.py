@@ -7,13 +7,19 @@ import warnings
 
 import torch
 
-from .dtypes import DType, as_fp8_dtype
-from .tensors import Float8Tensor, MXFP8Tensor, _transposed_shape, _untransposed_shape, mxfp8_scale_shapes
+from .dtypes import DType, as_dtype, as_fp8_dtype
+from .tensors import (Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor, _transposed_shape,
+                      _untransposed_shape, fp8_block_scale_shapes, mxfp8_scale_shapes, nvfp4_data_shapes,
+                      nvfp4_scale_shapes)
 
 # Quantizer kinds of the spec (SPEC §1.4; numbering internal).
 QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8, QKIND_NVFP4, QKIND_FP8_BLOCK = range(6)
 # qflags bits.
 QFLAG_POW2 = 1 << 0
+QFLAG_2D = 1 << 1  # FP8 block: 128x128 tiles (block_dim 2); NVFP4: 16x16 tiles
+QFLAG_SR = 1 << 2  # NVFP4 stochastic rounding
+QFLAG_RHT = 1 << 3  # NVFP4 random Hadamard transform of the columnwise copy
+QFLAG_RANDOM_SIGN = 1 << 4  # the RHT's fixed sign vector (off: all ones)
 QFLAG_SWIZZLED = 1 << 5  # write block scales in the GEMM-swizzled layout
 
 # Spec of "no quantizer": plain output (the fields left out are at their schema defaults, see Quantizer._spec).
@@ -240,7 +246,166 @@ class MXFP8Quantizer(Quantizer):
         return super()._config() + (self.dtype, self.with_2d_quantization)
 
 
-QUANTIZER_CLASSES = (Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer)
+class Float8BlockQuantizer(Quantizer):
+    """FP8 with one float32 scale per 1x128 block (block_scaling_dim=1) or per 128x128 tile (block_scaling_dim=2),
+    SPEC §4.7. Per block: amax (NaN ignored), scale = fp8_max / amax by the current-scaling rule (amax raised to
+    `amax_epsilon`; amax 0 / Inf -> 1; an Inf scale -> the input dtype's max finite; `force_pow_2_scales` rounds it
+    down to a power of two), q = fp8(x * scale), scale_inv = 1 / scale stored. 1-D: the columnwise copy is x^T
+    quantized independently with 1x128 blocks along its rows; 2-D: it is the bitwise transpose, same tile scales.
+    Any shape (0-d is one 1x1 block). Activations with this quantizer take the unfused path (SPEC §5.1): the plain
+    op, then this quantization. The scales are written in the layout the GEMM reads, so `optimize_for_gemm` changes
+    nothing here (TE requires `rowwise`/`columnwise` explicitly; ours defaults them)."""
+
+    block_len = 128
+
+    def __init__(self, fp8_dtype, *, rowwise: bool = True, columnwise: bool = True, amax_epsilon: float = 0.0,
+                 force_pow_2_scales: bool = True, block_scaling_dim: int = 2):
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        self.dtype = as_fp8_dtype(fp8_dtype, "Float8BlockQuantizer: fp8_dtype")
+        if isinstance(block_scaling_dim, bool) or block_scaling_dim not in (1, 2):
+            raise ValueError(f"Float8BlockQuantizer: block_scaling_dim must be 1 (1x128 blocks) or 2 (128x128 tiles), "
+                             f"got {block_scaling_dim!r}")
+        self.block_scaling_dim = int(block_scaling_dim)
+        self.amax_epsilon = float(amax_epsilon)
+        if not (0.0 <= self.amax_epsilon < float("inf")):
+            raise ValueError(f"Float8BlockQuantizer: amax_epsilon must be finite and >= 0, got {amax_epsilon}")
+        self.force_pow_2_scales = bool(force_pow_2_scales)
+
+    def _clone(self):
+        return Float8BlockQuantizer(self.dtype, rowwise=self.rowwise_usage, columnwise=self.columnwise_usage,
+                                    amax_epsilon=self.amax_epsilon, force_pow_2_scales=self.force_pow_2_scales,
+                                    block_scaling_dim=self.block_scaling_dim)
+
+    def _spec(self, noop=None):
+        flags = (QFLAG_POW2 if self.force_pow_2_scales else 0) | (QFLAG_2D if self.block_scaling_dim == 2 else 0)
+        spec = (QKIND_FP8_BLOCK, int(self.dtype), self.rowwise_usage, self.columnwise_usage, flags, self.amax_epsilon,
+                self.block_scaling_dim)
+        return spec if noop is None else spec + (None, None, noop)
+
+    def _wrap(self, outs, dtype):
+        row = outs[0] if self.rowwise_usage else None
+        col = outs[2] if self.columnwise_usage else None
+        shape = row.shape if row is not None else torch.Size(_untransposed_shape(col.shape))
+        return Float8BlockwiseQTensor._from_op(shape, dtype, row, outs[1] if row is not None else None, col,
+                                               outs[3] if col is not None else None, self.dtype,
+                                               self.block_scaling_dim == 2, self)
+
+    def make_empty(self, shape, dtype=torch.float32, device=None, requires_grad=False, pin_memory=False):
+        shape = torch.Size(shape)
+        device = torch.device("cuda" if device is None else device)
+        u8 = dict(dtype=torch.uint8, device=device, pin_memory=pin_memory)
+        f32 = dict(dtype=torch.float32, device=device, pin_memory=pin_memory)
+        rs, cs = fp8_block_scale_shapes(shape, self.block_scaling_dim == 2)
+        row = torch.empty(shape, **u8) if self.rowwise_usage else None
+        col = torch.empty(_transposed_shape(shape), **u8) if self.columnwise_usage else None
+        return Float8BlockwiseQTensor(shape=shape, dtype=dtype, rowwise_data=row, columnwise_data=col,
+                                      rowwise_scale_inv=torch.zeros(rs, **f32) if row is not None else None,
+                                      columnwise_scale_inv=torch.zeros(cs, **f32) if col is not None else None,
+                                      fp8_dtype=self.dtype, quantizer=self.copy(),
+                                      is_2D_scaled=self.block_scaling_dim == 2, requires_grad=requires_grad)
+
+    def _config(self):
+        return super()._config() + (self.dtype, self.block_scaling_dim, self.amax_epsilon, self.force_pow_2_scales)
+
+
+class NVFP4Quantizer(Quantizer):
+    """NVFP4 (SPEC §4.6): E2M1 codes (two per byte) with one E4M3 scale per 1x16 block and a global FP32 scale
+    S_enc = 2688 / amax(x); the tensor stores the amax. Rowwise blocks run along the last dim; the columnwise copy
+    is the transpose x^T [K, M] quantized the same way (16 consecutive rows of a column per block). Options:
+    `with_2d_quantization` (one scale per 16x16 tile; the columnwise data is then the exact transpose of the
+    rowwise data), `stochastic_rounding` (both copies; bits from the device's default generator), `with_rht`
+    (random Hadamard transform of the columnwise copy, bf16 input only, requires `with_post_rht_amax=True`).
+    Shapes: K % 16 == 0; M % 16 == 0 when columnwise usage is requested. TE's positional order."""
+
+    def __init__(self, fp4_dtype=DType.kFloat4E2M1, rowwise: bool = True, columnwise: bool = True,
+                 with_amax_reduction: bool = False, amax_reduction_group=None, with_rht: bool = False,
+                 with_post_rht_amax: bool = False, with_2d_quantization: bool = False,
+                 stochastic_rounding: bool = False, row_scaled_nvfp4: bool = False, nvfp4_use_4over6: bool = False,
+                 nvfp4_e4m3_max: float = 448, nvfp4_4over6_err_mode: str = "MAE",
+                 with_random_sign_mask: bool = True):
+        super().__init__(rowwise=rowwise, columnwise=columnwise)
+        if as_dtype(fp4_dtype, "NVFP4Quantizer: fp4_dtype") != DType.kFloat4E2M1:
+            raise ValueError(f"NVFP4Quantizer: fp4_dtype must be kFloat4E2M1, got {fp4_dtype}")
+        self.dtype = DType.kFloat4E2M1
+        for name, v, default in (("row_scaled_nvfp4", row_scaled_nvfp4, False),
+                                 ("nvfp4_use_4over6", nvfp4_use_4over6, False),
+                                 ("with_amax_reduction", with_amax_reduction, False)):
+            if bool(v) != default:
+                raise NotImplementedError(f"NVFP4Quantizer: {name}={v} is not provided; leave it at {default}")
+        if float(nvfp4_e4m3_max) != 448.0:
+            raise NotImplementedError(f"NVFP4Quantizer: nvfp4_e4m3_max={nvfp4_e4m3_max} is not provided; only 448")
+        if with_rht and not with_post_rht_amax:
+            raise ValueError("NVFP4Quantizer: with_rht=True needs with_post_rht_amax=True (the columnwise global scale "
+                             "comes from the amax of the transformed values; a pre-RHT amax is not provided)")
+        if with_rht and with_2d_quantization:
+            raise NotImplementedError("NVFP4Quantizer: with_rht together with with_2d_quantization is not provided; "
+                                      "use 2-D tiles for weights and RHT for inputs and gradients")
+        self.with_amax_reduction = False
+        self.amax_reduction_group = amax_reduction_group
+        self.with_rht = bool(with_rht)
+        self.with_post_rht_amax = bool(with_post_rht_amax)
+        self.with_2d_quantization = bool(with_2d_quantization)
+        self.stochastic_rounding = bool(stochastic_rounding)
+        self.with_random_sign_mask = bool(with_random_sign_mask)
+        self.row_scaled_nvfp4 = False
+        self.nvfp4_use_4over6 = False
+        self.nvfp4_e4m3_max = 448
+        self.nvfp4_4over6_err_mode = nvfp4_4over6_err_mode
+
+    def _clone(self):
+        return NVFP4Quantizer(self.dtype, self.rowwise_usage, self.columnwise_usage,
+                              amax_reduction_group=self.amax_reduction_group, with_rht=self.with_rht,
+                              with_post_rht_amax=self.with_post_rht_amax,
+                              with_2d_quantization=self.with_2d_quantization,
+                              stochastic_rounding=self.stochastic_rounding,
+                              nvfp4_4over6_err_mode=self.nvfp4_4over6_err_mode,
+                              with_random_sign_mask=self.with_random_sign_mask)
+
+    def _flags(self):
+        return ((QFLAG_2D if self.with_2d_quantization else 0) | (QFLAG_SR if self.stochastic_rounding else 0)
+                | (QFLAG_RHT if self.with_rht else 0) | (QFLAG_RANDOM_SIGN if self.with_random_sign_mask else 0)
+                | (QFLAG_SWIZZLED if self.optimize_for_gemm else 0))
+
+    def _spec(self, noop=None, amax=None):
+        head = (QKIND_NVFP4, int(self.dtype), self.rowwise_usage, self.columnwise_usage, self._flags())
+        if noop is None and amax is None:
+            return head
+        return head + (0.0, 1, None, amax, noop)
+
+    def _wrap(self, outs, dtype):
+        row = outs[0] if self.rowwise_usage else None
+        col = outs[2] if self.columnwise_usage else None
+        if row is not None:
+            shape = torch.Size(tuple(row.shape[:-1]) + (row.shape[-1] * 2,))
+        else:  # the columnwise copy is [K, M/2]: the logical shape is [M, K]
+            shape = torch.Size((col.shape[1] * 2, col.shape[0]))
+        return NVFP4Tensor._from_op(shape, dtype, row, outs[1] if row is not None else None, col,
+                                    outs[3] if col is not None else None, outs[4] if row is not None else None,
+                                    outs[5] if col is not None else None, self.optimize_for_gemm, self)
+
+    def make_empty(self, shape, dtype=torch.float32, device=None, requires_grad=False, pin_memory=False):
+        shape = torch.Size(shape)
+        device = torch.device("cuda" if device is None else device)
+        kw = dict(dtype=torch.uint8, device=device, pin_memory=pin_memory)
+        (rs, cs), (rd, cd) = nvfp4_scale_shapes(shape), nvfp4_data_shapes(shape)
+        # The two amaxes share one [2] buffer: quantize_into writes the pair in place.
+        amax = torch.zeros(2, dtype=torch.float32, device=device, pin_memory=pin_memory)
+        row, col = self.rowwise_usage, self.columnwise_usage
+        return NVFP4Tensor(shape=shape, dtype=dtype, rowwise_data=torch.empty(rd, **kw) if row else None,
+                           columnwise_data=torch.empty(cd, **kw) if col else None,
+                           rowwise_scale_inv=torch.zeros(rs, **kw) if row else None,
+                           columnwise_scale_inv=torch.zeros(cs, **kw) if col else None,
+                           amax_rowwise=amax[0:1] if row else None, amax_columnwise=amax[1:2] if col else None,
+                           quantizer=self.copy(), with_gemm_swizzled_scales=self.optimize_for_gemm,
+                           requires_grad=requires_grad)
+
+    def _config(self):
+        return super()._config() + (self.with_rht, self.with_post_rht_amax, self.with_2d_quantization,
+                                    self.stochastic_rounding, self.with_random_sign_mask)
+
+
+QUANTIZER_CLASSES = (Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, NVFP4Quantizer,
+                     Float8BlockQuantizer)
 
 
 def check_quantizer(op: str, quantizer, allow_none: bool = True):

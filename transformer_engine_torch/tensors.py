@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .dtypes import DType, as_fp8_dtype, to_torch_dtype
+from .dtypes import DType, as_dtype, as_fp8_dtype, to_torch_dtype
 
 
 _FP8 = (DType.kFloat8E4M3, DType.kFloat8E5M2)
@@ -363,5 +363,341 @@ class MXFP8Tensor(QuantizedTensor):
             raise ValueError(f"MXFP8Tensor.view: only leading dims may change (last dim {self._shape[-1]}), "
                              f"got {tuple(new_shape)}")
         return self._map(lambda t: t, new_shape, lambda t: t.view(new_shape))
+
+    reshape = view
+
+
+# ---- FP8 block (1x128 / 128x128) -------------------------------------------------------------------------------
+FP8_BLOCK_LEN = 128
+
+
+def fp8_block_scale_shapes(shape, two_d):
+    """(rowwise, columnwise) padded float32 scale shapes of SPEC §4.8 for a tensor of `shape` (flattened [M, K]).
+    1-D: [ceil(K/128), roundup(M, 4)] (K-block-major, M contiguous) and [ceil(M/128), roundup(K, 4)];
+    2-D: [ceil(M/128), roundup(ceil(K/128), 4)] and its transpose-shaped [ceil(K/128), roundup(ceil(M/128), 4)]."""
+    m, k = _rows_cols(shape)
+    mb, kb = _ceil_div(m, FP8_BLOCK_LEN), _ceil_div(k, FP8_BLOCK_LEN)
+    if two_d:
+        return (mb, _roundup(kb, 4)), (kb, _roundup(mb, 4))
+    return (kb, _roundup(m, 4)), (mb, _roundup(k, 4))
+
+
+def _block_factors(scale, rows, cols, rows_per_entry, cols_per_entry, scale_is_transposed):
+    """The [rows, cols] FP32 multiplier of each element from a compact scale matrix whose entry [i, j] covers rows
+    i*rows_per_entry.. and columns j*cols_per_entry.. (entry [j, i] when `scale_is_transposed`)."""
+    nr, nc = _ceil_div(rows, rows_per_entry), _ceil_div(cols, cols_per_entry)
+    s = scale[:nc, :nr].t() if scale_is_transposed else scale[:nr, :nc]
+    return s.repeat_interleave(rows_per_entry, 0)[:rows].repeat_interleave(cols_per_entry, 1)[:, :cols]
+
+
+class Float8BlockwiseQTensor(QuantizedTensor):
+    """FP8 with one float32 scale per 1x128 block or 128x128 tile (SPEC §4.7, §4.9). `_rowwise_data` uint8 of
+    `shape`; `_columnwise_data` uint8 TRANSPOSED `(K,) + shape[:-1]` (x^T quantized along its rows: 128x1 blocks of
+    x for 1-D, the bitwise transpose for 2-D). `_rowwise_scale_inv` / `_columnwise_scale_inv` float32 of the
+    padded SPEC §4.8 shapes (fp8_block_scale_shapes), padding zero. `_is_2D_scaled`: 128x128 tiles."""
+
+    _ROW, _COL, _BUFFERS = "_rowwise_data", "_columnwise_data", ("_rowwise_data", "_columnwise_data")
+
+    def __init__(self, *, shape=None, dtype=torch.float32, rowwise_data=None, columnwise_data=None,
+                 rowwise_scale_inv=None, columnwise_scale_inv=None, fp8_dtype=DType.kFloat8E4M3, quantizer=None,
+                 is_2D_scaled=True, requires_grad=False, device=None):
+        if shape is None:
+            if rowwise_data is not None:
+                shape = rowwise_data.shape
+            elif columnwise_data is not None:
+                shape = torch.Size(_untransposed_shape(columnwise_data.shape))
+            else:
+                raise ValueError("Float8BlockwiseQTensor: give `shape` or a data buffer")
+        super().__init__(shape, dtype, quantizer, requires_grad)
+        self._rowwise_data = rowwise_data
+        self._columnwise_data = columnwise_data
+        self._rowwise_scale_inv = rowwise_scale_inv
+        self._columnwise_scale_inv = columnwise_scale_inv
+        self._fp8_dtype = as_fp8_dtype(fp8_dtype)
+        self._is_2D_scaled = bool(is_2D_scaled)
+
+    @classmethod
+    def _from_op(cls, shape, dtype, row, row_si, col, col_si, fp8_dtype, is_2d, quantizer):
+        """The tensor of what a quantizing op returned (trusted arguments, no keyword parsing)."""
+        t = object.__new__(cls)
+        t._shape, t._dtype, t._quantizer, t.requires_grad = shape, dtype, quantizer, False
+        t._rowwise_data, t._rowwise_scale_inv = row, row_si
+        t._columnwise_data, t._columnwise_scale_inv = col, col_si
+        t._fp8_dtype, t._is_2D_scaled = fp8_dtype, is_2d
+        return t
+
+    @property
+    def rowwise_scale_inv(self):
+        return self._rowwise_scale_inv
+
+    @property
+    def columnwise_scale_inv(self):
+        return self._columnwise_scale_inv
+
+    def dequantize(self, dtype=None) -> torch.Tensor:
+        """fl(fp8 * scale_inv[block]) in FP32, rounded once to `dtype` (default: the nominal dtype); the rowwise copy
+        when present, else the columnwise copy transposed back."""
+        dtype = self._dtype if dtype is None else to_torch_dtype(dtype)
+        columnwise = self._rowwise_data is None
+        data = self._columnwise_data if columnwise else self._rowwise_data
+        if data is None:
+            raise RuntimeError("Float8BlockwiseQTensor.dequantize: the tensor holds neither a rowwise nor a "
+                               "columnwise copy")
+        m, k = _rows_cols(self._shape)
+        r, c = (k, m) if columnwise else (m, k)   # the stored matrix
+        v = data.reshape(r, c).view(to_torch_dtype(self._fp8_dtype)).to(torch.float32)
+        s = self._columnwise_scale_inv if columnwise else self._rowwise_scale_inv
+        b = FP8_BLOCK_LEN
+        if self._is_2D_scaled:
+            f = _block_factors(s, r, c, b, b, False)
+        else:
+            # 1-D: blocks of 128 along the stored rows; the scale matrix is [block, row] (rows contiguous).
+            f = _block_factors(s, r, c, 1, b, True)
+        out = (v * f).to(dtype)
+        if columnwise:
+            out = out.t()
+        return out.reshape(self._shape)
+
+    def update_usage(self, rowwise_usage=None, columnwise_usage=None):
+        """Drops a copy, or provides a requested one. 2-D: a missing copy is the bitwise transpose of the other, with
+        the tile scales transposed. 1-D: each copy is quantized from the high-precision values, so a missing one
+        cannot be derived."""
+        for want, name in ((rowwise_usage, "rowwise"), (columnwise_usage, "columnwise")):
+            if want and getattr(self, f"_{name}_data") is None:
+                other = "columnwise" if name == "rowwise" else "rowwise"
+                if not self._is_2D_scaled or getattr(self, f"_{other}_data") is None:
+                    raise RuntimeError(f"Float8BlockwiseQTensor.update_usage: the {name} copy is absent and cannot be "
+                                       f"derived (1x128 blocks quantize each copy from the high-precision values); "
+                                       f"quantize the high-precision tensor again with {name}=True")
+                self._derive_2d(name)
+        if rowwise_usage is False:
+            if self._columnwise_data is None:
+                raise RuntimeError("Float8BlockwiseQTensor.update_usage: dropping the rowwise copy would leave no data")
+            self._rowwise_data = self._rowwise_scale_inv = None
+        if columnwise_usage is False:
+            if self._rowwise_data is None:
+                raise RuntimeError("Float8BlockwiseQTensor.update_usage: dropping the columnwise copy would leave no "
+                                   "data")
+            self._columnwise_data = self._columnwise_scale_inv = None
+
+    def _derive_2d(self, name):
+        m, k = _rows_cols(self._shape)
+        (rs, cs) = fp8_block_scale_shapes(self._shape, True)
+        mb, kb = _ceil_div(m, FP8_BLOCK_LEN), _ceil_div(k, FP8_BLOCK_LEN)
+        if name == "columnwise":
+            src, si, shape = self._rowwise_data.reshape(m, k), self._rowwise_scale_inv[:mb, :kb], cs
+            self._columnwise_data = src.t().contiguous().reshape(_transposed_shape(self._shape))
+        else:
+            src, si, shape = self._columnwise_data.reshape(k, m), self._columnwise_scale_inv[:kb, :mb], rs
+            self._rowwise_data = src.t().contiguous().reshape(self._shape)
+        s = torch.zeros(shape, dtype=torch.float32, device=si.device)
+        s[:si.shape[1], :si.shape[0]] = si.t()
+        setattr(self, f"_{name}_scale_inv", s)
+
+    def _map(self, fn, shape=None, row_fn=None, col_fn=None):
+        m = lambda f, t: None if t is None else f(t)  # noqa: E731
+        return Float8BlockwiseQTensor._from_op(self._shape if shape is None else shape, self._dtype,
+                                               m(row_fn or fn, self._rowwise_data), m(fn, self._rowwise_scale_inv),
+                                               m(col_fn or fn, self._columnwise_data),
+                                               m(fn, self._columnwise_scale_inv), self._fp8_dtype, self._is_2D_scaled,
+                                               self._quantizer)
+
+    def clone(self):
+        return self._map(lambda t: t.clone())
+
+    def to(self, device):
+        return self._map(lambda t: t.to(device))
+
+    def view(self, *shape):
+        """Exact view changing only leading dims (the scales, laid out over the flattened [M, K], are shared)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        new_shape = torch.empty(self._shape, device="meta").view(*shape).shape
+        if len(new_shape) == 0 or (len(self._shape) and new_shape[-1] != self._shape[-1]):
+            raise ValueError(f"Float8BlockwiseQTensor.view: only leading dims may change (shape "
+                             f"{tuple(self._shape)}), got {tuple(new_shape)}")
+        return self._map(lambda t: t, new_shape, lambda t: t.view(new_shape),
+                         lambda t: t.view(_transposed_shape(new_shape)))
+
+    reshape = view
+
+
+# ---- NVFP4 ---------------------------------------------------------------------------------------------------
+NV_BLOCK = 16
+# The sign vector s of the random Hadamard transform (SPEC §4.6) as a bitmask: bit i set where s_i = -1.
+RHT_SIGN_MASK = 0xD7E8
+
+
+def nvfp4_scale_shapes(shape):
+    """(rowwise, columnwise) padded E4M3 scale shapes of SPEC §4.8 for a tensor of `shape` (K % 16 == 0)."""
+    m, k = _rows_cols(shape)
+    return ((_roundup(m, 128), _roundup(k // NV_BLOCK, 4)), (_roundup(k, 128), _roundup(m // NV_BLOCK, 4)))
+
+
+def nvfp4_data_shapes(shape):
+    """(rowwise, columnwise) packed-data shapes: shape[:-1] + (K/2,) and the transposed 2-D [K, M/2]."""
+    m, k = _rows_cols(shape)
+    return tuple(shape[:-1]) + (k // 2,), (k, m // 2)
+
+
+def swizzle_nvfp4_scales(scale, inverse=False):
+    """Compact <-> GEMM-swizzled bytes of an NVFP4 scale tensor (both copies are swizzled as stored, SPEC §4.8)."""
+    r, c = scale.shape
+    if r == 0 or c == 0:
+        return scale.clone()
+    return _swizzle(scale, r, c, inverse=inverse)
+
+
+_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def e2m1_unpack(packed, k):
+    """float32 values of packed E2M1 bytes [..., k/2] -> [..., k] (even element in the low nibble)."""
+    lut = torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    codes = torch.stack(((packed & 0xF), (packed >> 4)), dim=-1).reshape(*packed.shape[:-1], k)
+    return lut[codes.long()]
+
+
+def rht_matrix(sign_mask=RHT_SIGN_MASK, dtype=torch.float32, device=None):
+    """R = diag(s) * H16 / 4 (SPEC §4.6), H16[i][j] = (-1)^popcount(i & j); orthogonal."""
+    i = torch.arange(16)
+    pc = torch.zeros(16, 16, dtype=torch.int64)
+    a = i[:, None] & i[None, :]
+    for b in range(4):
+        pc += (a >> b) & 1
+    h = 1.0 - 2.0 * (pc % 2).to(torch.float64)
+    s = torch.tensor([-1.0 if (sign_mask >> t) & 1 else 1.0 for t in range(16)], dtype=torch.float64)
+    return (s[:, None] * h / 4).to(dtype=dtype, device=device)
+
+
+class NVFP4Tensor(QuantizedTensor):
+    """NVFP4 (SPEC §4.6, §4.9): `_rowwise_data` uint8 `shape[:-1] + (K/2,)` (two E2M1 codes per byte, even element
+    in the low nibble), `_columnwise_data` uint8 2-D `[K, M/2]` holding the codes of the transpose (Hadamard-
+    transformed when the quantizer has with_rht). Scales: uint8 E4M3 `[roundup(M, 128), roundup(K/16, 4)]` and
+    `[roundup(K, 128), roundup(M/16, 4)]`, padding zero, GEMM-swizzled when `_with_gemm_swizzled_scales`.
+    `_amax_rowwise` / `_amax_columnwise`: float32 [1] global amaxes (not S_enc). Data is uint8 (TE-compatible);
+    `rowwise_data` / `columnwise_data` are `torch.float4_e2m1fn_x2` views where torch has that dtype."""
+
+    _ROW, _COL = "_rowwise_data", "_columnwise_data"
+    _BUFFERS = ("_rowwise_data", "_columnwise_data", "_amax_rowwise", "_amax_columnwise")
+
+    def __init__(self, *, shape=None, dtype=torch.float32, rowwise_data=None, columnwise_data=None,
+                 rowwise_scale_inv=None, columnwise_scale_inv=None, amax_rowwise=None, amax_columnwise=None,
+                 fp4_dtype=DType.kFloat4E2M1, quantizer=None, with_gemm_swizzled_scales=False, requires_grad=False,
+                 device=None):
+        if shape is None:
+            if rowwise_data is None:
+                raise ValueError("NVFP4Tensor: give `shape` or the rowwise data (the columnwise copy alone does not "
+                                 "tell the leading dims)")
+            shape = tuple(rowwise_data.shape[:-1]) + (rowwise_data.shape[-1] * 2,)
+        super().__init__(shape, dtype, quantizer, requires_grad)
+        self._rowwise_data = rowwise_data
+        self._columnwise_data = columnwise_data
+        self._rowwise_scale_inv = rowwise_scale_inv
+        self._columnwise_scale_inv = columnwise_scale_inv
+        self._amax_rowwise = amax_rowwise
+        self._amax_columnwise = amax_columnwise
+        if as_dtype(fp4_dtype, "NVFP4Tensor: fp4_dtype") != DType.kFloat4E2M1:
+            raise ValueError(f"NVFP4Tensor: fp4_dtype must be kFloat4E2M1, got {fp4_dtype}")
+        self._fp4_dtype = DType.kFloat4E2M1
+        self._with_gemm_swizzled_scales = bool(with_gemm_swizzled_scales)
+
+    @classmethod
+    def _from_op(cls, shape, dtype, row, row_si, col, col_si, amax_row, amax_col, swizzled, quantizer):
+        """The tensor of what a quantizing op returned (trusted arguments, no keyword parsing)."""
+        t = object.__new__(cls)
+        t._shape, t._dtype, t._quantizer, t.requires_grad = shape, dtype, quantizer, False
+        t._rowwise_data, t._rowwise_scale_inv, t._amax_rowwise = row, row_si, amax_row
+        t._columnwise_data, t._columnwise_scale_inv, t._amax_columnwise = col, col_si, amax_col
+        t._fp4_dtype, t._with_gemm_swizzled_scales = DType.kFloat4E2M1, swizzled
+        return t
+
+    def _fp8_view(self, name):
+        t = getattr(self, name)
+        fp4 = getattr(torch, "float4_e2m1fn_x2", None)
+        return t if t is None or fp4 is None else t.view(fp4)
+
+    @staticmethod
+    def _typed_scale(s):
+        return None if s is None else s.view(torch.float8_e4m3fn)
+
+    @property
+    def rowwise_scale_inv(self):
+        return self._typed_scale(self._rowwise_scale_inv)
+
+    @property
+    def columnwise_scale_inv(self):
+        return self._typed_scale(self._columnwise_scale_inv)
+
+    def _compact_scale(self, columnwise):
+        s = self._columnwise_scale_inv if columnwise else self._rowwise_scale_inv
+        return swizzle_nvfp4_scales(s, inverse=True) if self._with_gemm_swizzled_scales else s
+
+    def dequantize(self, dtype=None) -> torch.Tensor:
+        """x = fl(e2m1 * fl(fl(float(sf) * amax) * fl(1/2688))) in FP32 (TE's formula, SPEC §4.6), rounded once to
+        `dtype`; the rowwise copy when present, else the columnwise copy transposed back (with the Hadamard
+        transform undone by R^T when the quantizer applied it: approximate)."""
+        dtype = self._dtype if dtype is None else to_torch_dtype(dtype)
+        columnwise = self._rowwise_data is None
+        data = self._columnwise_data if columnwise else self._rowwise_data
+        if data is None:
+            raise RuntimeError("NVFP4Tensor.dequantize: the tensor holds neither a rowwise nor a columnwise copy")
+        m, k = _rows_cols(self._shape)
+        r, c = (k, m) if columnwise else (m, k)
+        amax = (self._amax_columnwise if columnwise else self._amax_rowwise).to(torch.float32).reshape(1, 1)
+        sf = self._compact_scale(columnwise)[:r, :c // NV_BLOCK].view(torch.float8_e4m3fn).to(torch.float32)
+        inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(2688.0, dtype=torch.float32)
+        factor = ((sf * amax) * inv.to(sf.device)).repeat_interleave(NV_BLOCK, dim=1)
+        v = e2m1_unpack(data.reshape(r, c // 2), c) * factor
+        if columnwise:
+            if getattr(self._quantizer, "with_rht", False):
+                mask = RHT_SIGN_MASK if getattr(self._quantizer, "with_random_sign_mask", True) else 0
+                rt = rht_matrix(mask, device=v.device).t()
+                v = (v.reshape(r, c // 16, 16) @ rt).reshape(r, c)
+            v = v.t()
+        return v.to(dtype).reshape(self._shape)
+
+    def update_usage(self, rowwise_usage=None, columnwise_usage=None):
+        """Drops a copy, or checks a requested one exists: an NVFP4 copy cannot be derived from the other (each is
+        quantized from the high-precision values, the columnwise one possibly Hadamard-transformed)."""
+        for want, name in ((rowwise_usage, "rowwise"), (columnwise_usage, "columnwise")):
+            if want and getattr(self, f"_{name}_data") is None:
+                raise RuntimeError(f"NVFP4Tensor.update_usage: the {name} copy is absent and cannot be derived from "
+                                   f"the other one; quantize the high-precision tensor again with {name}=True")
+        if rowwise_usage is False:
+            if self._columnwise_data is None:
+                raise RuntimeError("NVFP4Tensor.update_usage: dropping the rowwise copy would leave no data")
+            self._rowwise_data = self._rowwise_scale_inv = self._amax_rowwise = None
+        if columnwise_usage is False:
+            if self._rowwise_data is None:
+                raise RuntimeError("NVFP4Tensor.update_usage: dropping the columnwise copy would leave no data")
+            self._columnwise_data = self._columnwise_scale_inv = self._amax_columnwise = None
+
+    def _map(self, fn, shape=None, row_fn=None):
+        row_fn = row_fn or fn
+        m = lambda f, t: None if t is None else f(t)  # noqa: E731
+        return NVFP4Tensor._from_op(self._shape if shape is None else shape, self._dtype,
+                                    m(row_fn, self._rowwise_data), m(fn, self._rowwise_scale_inv),
+                                    m(fn, self._columnwise_data), m(fn, self._columnwise_scale_inv),
+                                    m(fn, self._amax_rowwise), m(fn, self._amax_columnwise),
+                                    self._with_gemm_swizzled_scales, self._quantizer)
+
+    def clone(self):
+        return self._map(lambda t: t.clone())
+
+    def to(self, device):
+        return self._map(lambda t: t.to(device))
+
+    def view(self, *shape):
+        """Exact view changing only leading dims (scales and the 2-D columnwise copy are laid out over the
+        flattened [M, K] and shared)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        new_shape = torch.empty(self._shape, device="meta").view(*shape).shape
+        if len(new_shape) == 0 or (len(self._shape) and new_shape[-1] != self._shape[-1]):
+            raise ValueError(f"NVFP4Tensor.view: only leading dims may change (last dim {self._shape[-1]}), "
+                             f"got {tuple(new_shape)}")
+        row_shape = tuple(new_shape[:-1]) + (new_shape[-1] // 2,)
+        return self._map(lambda t: t, new_shape, lambda t: t.view(row_shape))
 
     reshape = view

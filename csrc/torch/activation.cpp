@@ -194,6 +194,164 @@ void run_mxfp8_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec
   run_mxfp8(r.kind, r.backward, dt, p, x);
 }
 
+// Fills (or allocates) the FP8 block outputs of an [rows, out_cols] tensor (SPEC §4.7-4.9): rowwise data in the
+// tensor's shape, columnwise data transposed, float32 scales of the padded §4.8 shapes.
+void alloc_fp8_block_outputs(const ActGeometry& geo, const QuantSpec& spec, const Tensor& x, QuantOutputs& o) {
+  const te::Fp8BlockScaleShapes ss = te::fp8_block_scale_shapes(geo.rows, geo.out_cols, spec.block_dim == 2);
+  const auto u8 = x.options().dtype(at::kByte), f32 = x.options().dtype(at::kFloat);
+  if (spec.rowwise) {
+    o.row_data = at::empty(geo.out_shape, u8);
+    o.row_scale_inv = at::empty({ss.row_r, ss.row_c}, f32);
+  }
+  if (spec.columnwise) {
+    o.col_data = at::empty(geo.transposed_shape(), u8);
+    o.col_scale_inv = at::empty({ss.col_r, ss.col_c}, f32);
+  }
+}
+
+// The UNFUSED path of SPEC §5.1, taken by the FP8 block quantizer: the plain op writes rnd_in(act(x)) (and the
+// dbias partials, sums of the unrounded values) into a temporary, which the block kernel then quantizes. A plain
+// cast without dbias quantizes the input itself. `noop` reaches only the quantize kernel: the temporary is ours.
+void run_fp8_block_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec& spec, te::DType dt,
+                        const te::ActKernelParams& base, QuantOutputs& o, bool into) {
+  Tensor src = r.x;
+  if (r.kind != te::ActKind::kIdentity || r.with_dbias) {
+    src = at::empty(geo.out_shape, r.x.options());
+    te::ActKernelParams pp = base;
+    pp.out = src.data_ptr();
+    pp.mode = te::ScaleMode::kPlain;
+    pp.noop = nullptr;
+    run_activation(r.kind, r.backward, dt, pp, r.x);
+  }
+  if (!into) alloc_fp8_block_outputs(geo, spec, r.x, o);
+  te::Fp8BlockParams p;
+  p.x = src.data_ptr();
+  p.noop = base.noop;
+  p.rows = geo.rows;
+  p.cols = geo.out_cols;
+  p.amax_epsilon = float(spec.amax_epsilon);
+  p.e4m3 = spec.e4m3();
+  p.force_pow2 = spec.force_pow2();
+  p.two_d = spec.block_dim == 2;
+  if (spec.rowwise) {
+    p.row_data = o.row_data.data_ptr<uint8_t>();
+    p.row_scale = o.row_scale_inv.data_ptr<float>();
+  }
+  if (spec.columnwise) {
+    p.col_data = o.col_data.data_ptr<uint8_t>();
+    p.col_scale = o.col_scale_inv.data_ptr<float>();
+  }
+  run_fp8_block(dt, p, r.x);
+}
+
+std::string nv_desc(const ActRequest& r, const ActGeometry& geo) {
+  return "quantized shape " + shape_str(geo.out_shape) + " (input " + shape_str(r.x) + " " +
+         dtype_name(r.x.scalar_type()) + " on " + arch_name(r.x) + ")";
+}
+
+// SPEC §4.6: NVFP4 needs rank >= 1, a last dim that is a multiple of 16, a flat first dim that is a multiple of 16
+// when the columnwise copy is requested, and a bf16 input for the Hadamard transform.
+void check_nvfp4_request(const ActRequest& r, const ActGeometry& geo, const QuantSpec& spec) {
+  TORCH_CHECK_VALUE(r.x.dim() > 0, r.op, ": NVFP4 cannot quantize a 0-d tensor (input ", dtype_name(r.x.scalar_type()),
+                    " shape [] on ", arch_name(r.x), "): its 1x16 blocks run along the last dim; reshape to [1, 16] "
+                    "and pad, or use a per-tensor FP8 quantizer");
+  TORCH_CHECK_VALUE(geo.out_cols % te::kNvBlock == 0, r.op, ": NVFP4 quantizes 1x16 blocks along the last dim, so the "
+                    "last dim of the quantized tensor must be a multiple of 16; got ", nv_desc(r, geo), ". Pad the last "
+                    "dim to ", std::to_string(te::roundup(geo.out_cols, te::kNvBlock)),
+                    " or use a per-tensor FP8 quantizer");
+  TORCH_CHECK_VALUE(!spec.columnwise || geo.rows % te::kNvBlock == 0, r.op, ": NVFP4 columnwise usage quantizes "
+                    "16x1 blocks down the rows, so the flattened first dim must be a multiple of 16; got M=",
+                    std::to_string(geo.rows), " for ", nv_desc(r, geo), ". Pad the rows to ",
+                    std::to_string(te::roundup(geo.rows, te::kNvBlock)), " or request rowwise usage only");
+  TORCH_CHECK_TYPE(!spec.rht() || r.x.scalar_type() == at::kBFloat16, r.op, ": NVFP4 with the random Hadamard "
+                   "transform (with_rht=True) takes bfloat16 input only; got ", dtype_name(r.x.scalar_type()), " for ",
+                   nv_desc(r, geo), ". Cast the input to bfloat16 or use with_rht=False");
+}
+
+// NVFP4 (SPEC §5.1). Without RHT (FUSED_ACTIVATION_AMAX_NVFP4): the global amax is taken over the unrounded FP32
+// activation by the activation kernel's amax pass, then rnd_in(act(x)) is written to a temporary (with the dbias
+// partials of the unrounded values) and cast with that amax for both copies. A plain cast reads x directly and
+// takes its amax from x. With RHT (UNFUSED): rnd_in(act(x)) in a temporary, then the ordinary cast of it, amaxes
+// (rowwise of the values, columnwise of the transformed transpose) included.
+void run_nvfp4_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec& spec, te::DType dt,
+                    const te::ActKernelParams& base, QuantOutputs& o, bool into) {
+  const Tensor& x = r.x;
+  const auto f32 = x.options().dtype(at::kFloat);
+  const te::Nvfp4ScaleShapes ss = te::nvfp4_scale_shapes(geo.rows, geo.out_cols);
+  if (!into) {
+    const auto u8 = x.options().dtype(at::kByte);
+    if (spec.rowwise) {
+      at::DimVector shape = geo.out_shape;
+      shape.back() = geo.out_cols / 2;
+      o.row_data = at::empty(shape, u8);
+      o.row_scale_inv = at::empty({ss.row_r, ss.row_c}, u8);
+      o.amax_row = at::empty({1}, f32);
+    }
+    if (spec.columnwise) {
+      o.col_data = at::empty({geo.out_cols, geo.rows / 2}, u8);
+      o.col_scale_inv = at::empty({ss.col_r, ss.col_c}, u8);
+      o.amax_col = at::empty({1}, f32);
+    }
+  }
+  const bool identity = r.kind == te::ActKind::kIdentity && !r.backward;
+  const bool rht_col = spec.rht() && spec.columnwise;
+  Tensor amax = at::empty({2}, f32);  // [rowwise, columnwise] global amaxes of this call
+  zero_floats(amax);
+  float* amax_ptr = amax.data_ptr<float>();
+  Tensor src = x;
+  if (!identity || r.with_dbias) {
+    Tensor y = at::empty(geo.out_shape, x.options());
+    te::ActKernelParams pp = base;
+    pp.out = y.data_ptr();
+    pp.mode = te::ScaleMode::kPlain;
+    run_activation(r.kind, r.backward, dt, pp, x);
+    if (!identity) src = y;
+  }
+  if (!identity && !spec.rht()) {
+    te::ActKernelParams pa = base;
+    pa.mode = te::ScaleMode::kAmaxOnly;
+    pa.out = nullptr;
+    pa.out_t = nullptr;
+    pa.dbias_partial = nullptr;
+    pa.amax = amax_ptr;
+    run_activation(r.kind, r.backward, dt, pa, x);
+  } else {
+    te::Nvfp4AmaxParams ap;
+    ap.x = src.data_ptr();
+    ap.amax_row = amax_ptr;
+    ap.amax_col = rht_col ? amax_ptr + 1 : nullptr;
+    ap.rows = geo.rows;
+    ap.cols = geo.out_cols;
+    ap.rht = rht_col;
+    ap.rht_sign_mask = spec.random_sign_mask() ? te::kRhtSignMask : 0u;
+    run_nvfp4_amax(dt, ap, x);
+  }
+  te::Nvfp4Params p;
+  p.x = src.data_ptr();
+  p.noop = base.noop;
+  p.rows = geo.rows;
+  p.cols = geo.out_cols;
+  p.amax_in_row = amax_ptr;
+  p.amax_in_col = rht_col ? amax_ptr + 1 : amax_ptr;
+  p.two_d = spec.two_d();
+  p.sr = spec.stochastic_rounding();
+  p.rht = rht_col;
+  p.rht_sign_mask = spec.random_sign_mask() ? te::kRhtSignMask : 0u;
+  p.swizzled = spec.swizzled();
+  if (p.sr) p.rng = nvfp4_rng_state(spec, x);
+  if (spec.rowwise) {
+    p.row_data = o.row_data.data_ptr<uint8_t>();
+    p.row_scale = o.row_scale_inv.data_ptr<uint8_t>();
+    p.amax_out_row = o.amax_row.data_ptr<float>();
+  }
+  if (spec.columnwise) {
+    p.col_data = o.col_data.data_ptr<uint8_t>();
+    p.col_scale = o.col_scale_inv.data_ptr<uint8_t>();
+    p.amax_out_col = o.amax_col.data_ptr<float>();
+  }
+  run_nvfp4(dt, p, x);
+}
+
 // The activation helper: validates, picks the fusion path (SPEC §5.1), runs the kernels and returns what they
 // produced.
 ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* into) {
@@ -214,6 +372,7 @@ ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* i
 
   const bool mx = spec.kind == te::QuantKind::kMxfp8;
   if (mx) check_mxfp8_shape(r, geo, spec);
+  if (spec.kind == te::QuantKind::kNvfp4) check_nvfp4_request(r, geo, spec);
   Tensor partial, grad_bias;
   if (r.with_dbias) {
     TORCH_CHECK_VALUE(!te::act_is_gated(r.kind), r.op, ": dbias is defined for unary activations only");
@@ -244,9 +403,20 @@ ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* i
         break;
       }
       [[fallthrough]];
+    case te::FusionPath::kFusedActivationAmaxNvfp4:
+    case te::FusionPath::kUnfused:
+      if (spec.kind == te::QuantKind::kFp8Block) {
+        run_fp8_block_path(r, geo, spec, dt, p, o, into != nullptr);
+        break;
+      }
+      if (spec.kind == te::QuantKind::kNvfp4) {
+        run_nvfp4_path(r, geo, spec, dt, p, o, into != nullptr);
+        break;
+      }
+      [[fallthrough]];
     default:
       TORCH_CHECK_NOT_IMPLEMENTED(false, r.op, ": quantizer kind ", std::to_string(int(spec.kind)),
-                                  " (NVFP4 / FP8 block) is not available in this build yet");
+                                  " is not known; accepted: 0 none, 1 FP8 delayed, 2 FP8 current, 3 MXFP8, 4 NVFP4, 5 FP8 block");
   }
   if (r.with_dbias) {
     if (geo.rows == 0 || geo.out_cols == 0) {
@@ -321,10 +491,16 @@ QOutBias dbias_dact(const Tensor& grad, const Tensor& x, int64_t code, TE_QSPEC_
   return run_quantizing_with_bias(r, TE_QSPEC_ARGS("dbias_dact", x));
 }
 
-QOut quantize(const Tensor& x, TE_QSPEC_PARAMS) {
+// rng_seed >= 0: NVFP4 stochastic rounding with this (seed, offset) instead of the device generator's (ours: the
+// same bytes on every device, for reproducibility and the CPU/CUDA parity tests).
+QOut quantize(const Tensor& x, TE_QSPEC_PARAMS, int64_t rng_seed, int64_t rng_offset) {
   TORCH_CHECK_VALUE(qkind != 0, "quantize: a quantizer is required (use the tensor as it is)");
+  TORCH_CHECK_VALUE(rng_offset >= 0, "quantize: rng_offset must be >= 0, got ", std::to_string(rng_offset));
   ActRequest r{"quantize", te::ActKind::kIdentity, false, x, c10::nullopt, te::ActArgs{}, false};
-  return run_quantizing(r, TE_QSPEC_ARGS("quantize", x));
+  QuantSpec spec = TE_QSPEC_ARGS("quantize", x);
+  spec.rng_seed = rng_seed;
+  spec.rng_offset = rng_offset;
+  return run_quantizing(r, spec);
 }
 
 QOutBias bgrad_quantize(const Tensor& x, TE_QSPEC_PARAMS) {
@@ -336,14 +512,44 @@ void quantize_into(const Tensor& x, TE_QSPEC_PARAMS, const c10::optional<Tensor>
                    const c10::optional<Tensor>& row_scale_inv, const c10::optional<Tensor>& col_data,
                    const c10::optional<Tensor>& col_scale_inv) {
   const char* op = "quantize_into";
-  TORCH_CHECK_VALUE(qkind == 1 || qkind == 2 || qkind == 3, op,
-                    ": in-place quantization supports FP8 per-tensor and MXFP8 quantizers (kinds 1, 2, 3), got ",
-                    std::to_string(qkind));
+  TORCH_CHECK_VALUE(qkind >= 1 && qkind <= 5, op,
+                    ": in-place quantization supports FP8 per-tensor, MXFP8, NVFP4 and FP8 block quantizers (kinds "
+                    "1-5), got ", std::to_string(qkind));
   QuantSpec spec = TE_QSPEC_ARGS(op, x);
   ActRequest r{op, te::ActKind::kIdentity, false, x, c10::nullopt, te::ActArgs{}, false};
   input_dtype(x, op, "input");
   const ActGeometry geo = geometry(r);
   QuantOutputs o;
+  if (spec.kind == te::QuantKind::kNvfp4) {
+    // The amax pair [rowwise, columnwise] (float32 [2], written in place) comes in the spec's amax field.
+    check_nvfp4_request(r, geo, spec);
+    TORCH_CHECK_VALUE(spec.amax.has_value(), op, ": NVFP4 in-place quantization needs the output's amax pair");
+    const Tensor amax_pair = *spec.amax;
+    check_buffer(amax_pair, {2}, at::kFloat, x, op, "amax pair [_amax_rowwise, _amax_columnwise]");
+    spec.amax.reset();
+    const te::Nvfp4ScaleShapes ss = te::nvfp4_scale_shapes(geo.rows, geo.out_cols);
+    spec.rowwise = spec.rowwise && row_data.has_value() && row_scale_inv.has_value();
+    spec.columnwise = spec.columnwise && col_data.has_value() && col_scale_inv.has_value();
+    TORCH_CHECK_VALUE(spec.rowwise || spec.columnwise, op, ": the NVFP4 output has no buffers for the requested usage");
+    if (spec.rowwise) {
+      at::DimVector shape = geo.out_shape;
+      shape.back() = geo.out_cols / 2;
+      o.row_data = *row_data;
+      o.row_scale_inv = *row_scale_inv;
+      o.amax_row = amax_pair.narrow(0, 0, 1);
+      check_buffer(o.row_data, shape, at::kByte, x, op, "_rowwise_data");
+      check_buffer(o.row_scale_inv, {ss.row_r, ss.row_c}, at::kByte, x, op, "_rowwise_scale_inv");
+    }
+    if (spec.columnwise) {
+      o.col_data = *col_data;
+      o.col_scale_inv = *col_scale_inv;
+      o.amax_col = amax_pair.narrow(0, 1, 1);
+      check_buffer(o.col_data, {geo.out_cols, geo.rows / 2}, at::kByte, x, op, "_columnwise_data");
+      check_buffer(o.col_scale_inv, {ss.col_r, ss.col_c}, at::kByte, x, op, "_columnwise_scale_inv");
+    }
+    activation_helper(r, spec, &o);
+    return;
+  }
   if (spec.kind == te::QuantKind::kMxfp8) {
     check_mxfp8_shape(r, geo, spec);
     const te::Mxfp8ScaleShapes ss = te::mxfp8_scale_shapes(geo.rows, geo.out_cols);
@@ -361,6 +567,27 @@ void quantize_into(const Tensor& x, TE_QSPEC_PARAMS, const c10::optional<Tensor>
       o.col_scale_inv = *col_scale_inv;
       check_buffer(o.col_data, geo.out_shape, at::kByte, x, op, "_columnwise_data");
       check_buffer(o.col_scale_inv, {ss.col_r, ss.col_c}, at::kByte, x, op, "_columnwise_scale_inv");
+    }
+    activation_helper(r, spec, &o);
+    return;
+  }
+  if (spec.kind == te::QuantKind::kFp8Block) {
+    const te::Fp8BlockScaleShapes ss = te::fp8_block_scale_shapes(geo.rows, geo.out_cols, spec.block_dim == 2);
+    spec.rowwise = spec.rowwise && row_data.has_value() && row_scale_inv.has_value();
+    spec.columnwise = spec.columnwise && col_data.has_value() && col_scale_inv.has_value();
+    TORCH_CHECK_VALUE(spec.rowwise || spec.columnwise, op, ": the ", spec.fp8_block_name(),
+                      " output has no buffers for the requested usage");
+    if (spec.rowwise) {
+      o.row_data = *row_data;
+      o.row_scale_inv = *row_scale_inv;
+      check_buffer(o.row_data, geo.out_shape, at::kByte, x, op, "_rowwise_data");
+      check_buffer(o.row_scale_inv, {ss.row_r, ss.row_c}, at::kFloat, x, op, "_rowwise_scale_inv");
+    }
+    if (spec.columnwise) {
+      o.col_data = *col_data;
+      o.col_scale_inv = *col_scale_inv;
+      check_buffer(o.col_data, geo.transposed_shape(), at::kByte, x, op, "_columnwise_data (transposed)");
+      check_buffer(o.col_scale_inv, {ss.col_r, ss.col_c}, at::kFloat, x, op, "_columnwise_scale_inv");
     }
     activation_helper(r, spec, &o);
     return;

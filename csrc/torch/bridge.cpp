@@ -1,6 +1,13 @@
 // Definitions of the bridge helpers declared in bridge.h.
 #include "bridge.h"
 
+#include <mutex>
+
+#include <ATen/CPUGeneratorImpl.h>
+#if defined(TE_WITH_CUDA)
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
 
 namespace te_torch {
 
@@ -80,15 +87,35 @@ QuantSpec make_spec(const char* op, int64_t qkind, int64_t qdtype, bool rowwise,
   s.amax = amax;
   s.noop = noop;
   const bool fp8_codes = s.kind == te::QuantKind::kFp8Delayed || s.kind == te::QuantKind::kFp8Current ||
-                         s.kind == te::QuantKind::kMxfp8;
+                         s.kind == te::QuantKind::kMxfp8 || s.kind == te::QuantKind::kFp8Block;
   if (fp8_codes) {
     TORCH_CHECK_VALUE(s.dtype == te::DType::kFloat8E4M3 || s.dtype == te::DType::kFloat8E5M2, op,
                       ": FP8 quantizer dtype must be kFloat8E4M3 (7) or kFloat8E5M2 (8), got ", std::to_string(qdtype));
     TORCH_CHECK_VALUE(rowwise || columnwise, op, ": the quantizer has neither rowwise nor columnwise usage");
   }
+  if (s.kind == te::QuantKind::kNvfp4) {
+    TORCH_CHECK_VALUE(s.dtype == te::DType::kFloat4E2M1, op, ": NVFP4 quantizer dtype must be kFloat4E2M1 (10), got ",
+                      std::to_string(qdtype));
+    TORCH_CHECK_VALUE(rowwise || columnwise, op, ": the quantizer has neither rowwise nor columnwise usage");
+    TORCH_CHECK_NOT_IMPLEMENTED(!(s.two_d() && s.rht()), op, ": NVFP4 with both with_2d_quantization (16x16 tiles) "
+                                "and with_rht is not provided; use 2-D tiles for weights, RHT for inputs and gradients");
+  }
   if (s.kind == te::QuantKind::kMxfp8) {
     TORCH_CHECK_NOT_IMPLEMENTED(!s.two_d(), op, ": MXFP8 with_2d_quantization (32x32 tiles) is not provided; "
                                 "use 1x32 / 32x1 blocks (with_2d_quantization=False)");
+  }
+  if (s.kind == te::QuantKind::kFp8Block) {
+    TORCH_CHECK_VALUE(block_dim == 1 || block_dim == 2, op, ": Float8BlockQuantizer block_scaling_dim (spec block_dim) "
+                      "must be 1 (1x128 blocks) or 2 (128x128 tiles), got ", std::to_string(block_dim));
+    TORCH_CHECK_VALUE(s.two_d() == (block_dim == 2), op, ": quantizer spec flag bit1 (2-D blocks) = ",
+                      s.two_d() ? "1" : "0", " disagrees with block_dim = ", std::to_string(block_dim));
+    TORCH_CHECK_VALUE(amax_epsilon >= 0.0 && amax_epsilon < 3.4028234663852886e38, op, ": ", s.fp8_block_name(),
+                      " amax_epsilon must be finite and >= 0, got ", std::to_string(amax_epsilon));
+    constexpr int64_t kUnsupported = (1 << 2) | (1 << 3) | (1 << 4) | (1 << 5);
+    TORCH_CHECK_NOT_IMPLEMENTED((qflags & kUnsupported) == 0, op, ": ", s.fp8_block_name(),
+                                " supports only the force_pow_2_scales and 2-D flags (qflags bits 0, 1), got qflags=",
+                                std::to_string(qflags), " (stochastic rounding, RHT and swizzled scales are NVFP4/MXFP8"
+                                " features; FP8 block scales are already in the layout the GEMM reads)");
   }
   if (s.kind == te::QuantKind::kFp8Delayed) {
     TORCH_CHECK_VALUE(scale.has_value() && amax.has_value(), op, ": a delayed-scaling FP8 quantizer needs scale and amax");
@@ -144,6 +171,86 @@ void run_mxfp8(te::ActKind kind, bool backward, te::DType dtype, const te::Mxfp8
   } else {
     te::quantize_mxfp8_cpu(kind, backward, dtype, p, cpu_parallel_for);
   }
+}
+
+void run_fp8_block(te::DType dtype, const te::Fp8BlockParams& p, const Tensor& ref) {
+  if (ref.is_cuda()) {
+#if defined(TE_WITH_CUDA)
+    te::quantize_fp8_block_cuda(dtype, p, current_stream());
+#else
+    TORCH_CHECK(false, "transformer_engine_torch was built without CUDA; CUDA tensors are not supported");
+#endif
+  } else {
+    te::quantize_fp8_block_cpu(dtype, p, cpu_parallel_for);
+  }
+}
+
+void run_nvfp4_amax(te::DType dtype, const te::Nvfp4AmaxParams& p, const Tensor& ref) {
+  if (ref.is_cuda()) {
+#if defined(TE_WITH_CUDA)
+    te::nvfp4_amax_cuda(dtype, p, current_stream());
+#else
+    TORCH_CHECK(false, "transformer_engine_torch was built without CUDA; CUDA tensors are not supported");
+#endif
+  } else {
+    te::nvfp4_amax_cpu(dtype, p, cpu_parallel_for);
+  }
+}
+
+void run_nvfp4(te::DType dtype, const te::Nvfp4Params& p, const Tensor& ref) {
+  if (ref.is_cuda()) {
+#if defined(TE_WITH_CUDA)
+    te::quantize_nvfp4_cuda(dtype, p, current_stream());
+#else
+    TORCH_CHECK(false, "transformer_engine_torch was built without CUDA; CUDA tensors are not supported");
+#endif
+  } else {
+    te::quantize_nvfp4_cpu(dtype, p, cpu_parallel_for);
+  }
+}
+
+te::RngState nvfp4_rng_state(const QuantSpec& spec, const Tensor& ref) {
+  te::RngState s;
+  if (spec.rng_seed >= 0) {
+    s.seed = uint64_t(spec.rng_seed);
+    s.offset = uint64_t(spec.rng_offset);
+    return s;
+  }
+  if (ref.is_cuda()) {
+#if defined(TE_WITH_CUDA)
+    at::Generator gen = at::cuda::detail::getDefaultCUDAGenerator(ref.get_device());
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    // One Philox counter block per 16 elements, keyed by (seed, offset) and indexed by the block: the offset only
+    // has to be distinct per call, so the smallest increment torch allows is enough.
+    const at::PhiloxCudaState st = gen.get<at::CUDAGeneratorImpl>()->philox_cuda_state(4);
+    if (st.captured_) {
+      s.seed_ptr = st.seed_.ptr;
+      s.offset_ptr = st.offset_.ptr;
+      s.offset = st.offset_intragraph_;
+    } else {
+      s.seed = st.seed_.val;
+      s.offset = st.offset_.val;
+    }
+#endif
+    return s;
+  }
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  s.seed = gen.get<at::CPUGeneratorImpl>()->random64();
+  s.offset = 0;
+  return s;
+}
+
+void zero_floats(const Tensor& t) {
+#if defined(TE_WITH_CUDA)
+  if (t.is_cuda()) {
+    const cudaError_t e = cudaMemsetAsync(t.data_ptr(), 0, sizeof(float) * size_t(t.numel()), current_stream());
+    TORCH_CHECK(e == cudaSuccess, "zeroing an amax buffer failed: ", cudaGetErrorString(e));
+    return;
+  }
+#endif
+  float* d = t.data_ptr<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) d[i] = 0.0f;
 }
 
 void zero_scalar(const Tensor& t) {

@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "../core/activation.h"
+#include "../core/quantize_fp8_block.h"
 #include "../core/quantize_mxfp8.h"
+#include "../core/quantize_nvfp4.h"
 
 #if defined(TE_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
@@ -41,11 +43,21 @@ struct QuantSpec {
   double amax_epsilon = 0.0;
   int64_t block_dim = 1;
   c10::optional<Tensor> scale, amax, noop;
+  // NVFP4 stochastic rounding: an explicit (seed, offset) when rng_seed >= 0 (the `quantize` op's trailing
+  // arguments: reproducible across devices), else drawn from the input device's default generator.
+  int64_t rng_seed = -1, rng_offset = 0;
 
   bool force_pow2() const { return flags & 1; }
   bool two_d() const { return flags & (1 << 1); }
+  bool stochastic_rounding() const { return flags & (1 << 2); }
+  bool rht() const { return flags & (1 << 3); }
+  bool random_sign_mask() const { return flags & (1 << 4); }
   bool swizzled() const { return flags & (1 << 5); }
   bool e4m3() const { return dtype == te::DType::kFloat8E4M3; }
+  // "FP8 block 1x128 E4M3" / "FP8 block 128x128 E5M2": the format as error messages name it.
+  std::string fp8_block_name() const {
+    return std::string(block_dim == 2 ? "FP8 block 128x128 " : "FP8 block 1x128 ") + (e4m3() ? "E4M3" : "E5M2");
+  }
 };
 
 QuantSpec make_spec(const char* op, int64_t qkind, int64_t qdtype, bool rowwise, bool columnwise, int64_t qflags,
@@ -61,10 +73,19 @@ void check_scalar_f32(const Tensor& t, const Tensor& ref, const char* op, const 
 // Launches on the current stream of `ref`'s device (or the CPU thread pool).
 void run_activation(te::ActKind kind, bool backward, te::DType dtype, const te::ActKernelParams& p, const Tensor& ref);
 void run_mxfp8(te::ActKind kind, bool backward, te::DType dtype, const te::Mxfp8Params& p, const Tensor& ref);
+void run_fp8_block(te::DType dtype, const te::Fp8BlockParams& p, const Tensor& ref);
+void run_nvfp4_amax(te::DType dtype, const te::Nvfp4AmaxParams& p, const Tensor& ref);
+void run_nvfp4(te::DType dtype, const te::Nvfp4Params& p, const Tensor& ref);
+// The random-bit source of an NVFP4 stochastic-rounding launch on `ref`'s device (SPEC §1.4): the explicit seed of
+// the spec, else the device's default generator (CUDA: its Philox (seed, offset), advanced per call and graph-safe
+// under capture; CPU: a fresh 64-bit seed drawn from the CPU generator, offset 0).
+te::RngState nvfp4_rng_state(const QuantSpec& spec, const Tensor& ref);
 void run_dbias_reduce(const Tensor& partial, Tensor& out);
 // Zeroes a one-element float32 tensor: a 4-byte memset on the current stream for CUDA (cheaper to issue than a
 // fill kernel, capturable), a plain store on the CPU.
 void zero_scalar(const Tensor& t);
+// Zeroes a small contiguous float32 tensor the same way.
+void zero_floats(const Tensor& t);
 
 #if defined(TE_WITH_CUDA)
 inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream(); }

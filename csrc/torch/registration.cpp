@@ -22,14 +22,17 @@
 TORCH_LIBRARY(te, m) {
   m.def("act(Tensor x, " TE_ACT_ARGS_DEFAULTED ") -> Tensor");
   m.def("dact(Tensor grad, Tensor x, " TE_ACT_ARGS_DEFAULTED ") -> Tensor");
-  m.def("act_quantize(Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> (" TE_QOUT ")");
-  m.def("dact_quantize(Tensor grad, Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> (" TE_QOUT ")");
-  m.def("dbias_dact(Tensor grad, Tensor x, int act, " TE_QSPEC ") -> (Tensor, " TE_QOUT ")");
-  m.def("quantize(Tensor x, " TE_QSPEC ") -> (" TE_QOUT ")");
+  // Quantizing ops may draw random bits (NVFP4 stochastic rounding) from the device's default generator.
+  const std::vector<at::Tag> seeded = {at::Tag::nondeterministic_seeded};
+  m.def("act_quantize(Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> (" TE_QOUT ")", seeded);
+  m.def("dact_quantize(Tensor grad, Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> (" TE_QOUT ")", seeded);
+  m.def("dbias_dact(Tensor grad, Tensor x, int act, " TE_QSPEC ") -> (Tensor, " TE_QOUT ")", seeded);
+  // rng_seed >= 0 fixes NVFP4 stochastic rounding's (seed, offset) instead of drawing them (ours).
+  m.def("quantize(Tensor x, " TE_QSPEC ", int rng_seed=-1, int rng_offset=0) -> (" TE_QOUT ")", seeded);
   m.def("quantize_into(Tensor x, " TE_QSPEC
         ", Tensor(b!)? row_data=None, Tensor(c!)? row_scale_inv=None, Tensor(d!)? col_data=None, "
-        "Tensor(e!)? col_scale_inv=None) -> ()");
-  m.def("bgrad_quantize(Tensor x, " TE_QSPEC ") -> (Tensor, " TE_QOUT ")");
+        "Tensor(e!)? col_scale_inv=None) -> ()", seeded);
+  m.def("bgrad_quantize(Tensor x, " TE_QSPEC ") -> (Tensor, " TE_QOUT ")", seeded);
   m.def("dequantize_fp8(Tensor data, Tensor scale_inv, int fp8_dtype, ScalarType otype) -> Tensor");
   m.def("compute_amax(Tensor x, Tensor(a!) amax) -> ()");
   m.def("fused_amax_and_scale_update(Tensor? amax_reduction_buffer, Tensor(a!)[] amax_histories, "

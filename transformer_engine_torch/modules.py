@@ -1,0 +1,393 @@
+"""Layers (SPEC §8): `Linear` and `MLP`, ordinary nn.Modules that run their GEMMs quantized inside `tex.autocast`.
+
+Outside autocast (or with `enabled=False`) they are plain PyTorch math (`F.linear`, the differentiable tex
+activations) in the parameters' or torch.autocast's dtype. Inside, each GEMM operand gets the quantizer the recipe
+assigns to its role and the layers call `generic_gemm` in the standard layouts:
+
+    fprop  TN  A = W  (rowwise)     B = X  (rowwise)     -> Y  = X·Wᵀ (+ bias)
+    dgrad  NN  A = W  (columnwise)  B = dY (rowwise)     -> dX = dY·W
+    wgrad  NT  A = X  (columnwise)  B = dY (columnwise)  -> dW = dYᵀ·X
+
+(SPEC §6.4: A uses its rowwise copy iff transA, B iff not transB.) Each operand is quantized once with exactly the
+copies its GEMMs need, and only the copies backward reads are kept for it (columnwise X and W; MLP: also the
+columnwise activation, plus the high-precision pre-activation for the activation's derivative). MLP's activation
+comes out of the fused kernel already quantized for the second GEMM; its backward is the fused dact(+dbias)
+kernel producing the quantized gradient. Split accumulation: fprop off, dgrad and wgrad on (SPEC §8).
+
+Alignment: under an FP8/FP4 recipe every GEMM dim (in_features, out_features, ffn, and the token count when
+training, which is the wgrad contraction dim) must be a multiple of the recipe's alignment (16 per-tensor FP8 and
+FP8 block, 32 MXFP8/NVFP4); otherwise the layer raises ValueError telling you to pad or to run the layer outside
+autocast. There is no silent bf16 fallback (a fallback would hide a slow layer).
+
+Delayed scaling keeps per-layer scales and amax histories in non-persistent buffers (moved by `.to()`, not in
+`state_dict`, which stays identical to the torch modules'); they are updated once per step per layer: forward
+slots right after the layer's forward, backward slots right after its backward.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import activations as _act
+from .enums import FP8BwdTensors, FP8FwdTensors
+from .gemm import generic_gemm
+from .recipe import (DelayedScaling, DelayedScalingState, build_quantizer, get_amax_reduction_group, get_fp8_recipe,
+                     is_calibrating, is_fp8_enabled, update_delayed_scaling)
+
+__all__ = ["Linear", "MLP", "ACTIVATIONS"]
+
+# name -> (forward, backward, fused dbias+backward or None, gated)
+ACTIVATIONS = {
+    "gelu": ("gelu", "dgelu", "dbias_dgelu", False),
+    "qgelu": ("qgelu", "dqgelu", "dbias_dqgelu", False),
+    "relu": ("relu", "drelu", "dbias_drelu", False),
+    "srelu": ("srelu", "dsrelu", "dbias_dsrelu", False),
+    "silu": ("silu", "dsilu", "dbias_dsilu", False),
+    "geglu": ("geglu", "dgeglu", None, True),
+    "qgeglu": ("qgeglu", "dqgeglu", None, True),
+    "reglu": ("reglu", "dreglu", None, True),
+    "sreglu": ("sreglu", "dsreglu", None, True),
+    "swiglu": ("swiglu", "dswiglu", None, True),
+    "glu": ("glu", "dglu", None, True),
+    "clamped_swiglu": ("clamped_swiglu", "clamped_dswiglu", None, True),
+}
+
+
+def _activation_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the GEMMs compute in: torch.autocast's when it is on for x's device, else x's."""
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return x.dtype
+
+
+def _check_alignment(layer: str, recipe, dims: dict) -> None:
+    a = recipe.alignment
+    for name, v in dims.items():
+        if v % a:
+            raise ValueError(
+                f"{layer}: under {type(recipe).__name__} every GEMM dim must be a multiple of {a} (SPEC §6.5), got "
+                f"{name}={v}. Pad {name} to {(v + a - 1) // a * a}, or keep this layer in bf16 by running it outside "
+                f"tex.autocast (or inside tex.autocast(enabled=False))")
+
+
+def _gemm(A, transA, B, transB, out_dtype, bias=None, split=False):
+    return generic_gemm(A, transA, B, transB, None, None, out_dtype, bias,
+                        bias.dtype if bias is not None else None, False, None, False, None, 0, False, split)[0]
+
+
+def _wgrad(x_q, dy_q, dtype):
+    """dW = dYᵀ·X (NT), split accumulation."""
+    return _gemm(x_q, False, dy_q, True, dtype, split=True)
+
+
+def _dgrad(w_q, dy_q, dtype):
+    """dX = dY·W (NN), split accumulation."""
+    return _gemm(w_q, False, dy_q, False, dtype, split=True)
+
+
+def _keep_columnwise(q):
+    """Drops the rowwise copy: backward reads only the columnwise one (dgrad W, wgrad X)."""
+    if q is not None:
+        q.update_usage(rowwise_usage=False)
+    return q
+
+
+def _slot(scale, history, i):
+    """(scale, amax) one-element views of slot i (amax = the slot's entry in history row 0), or (None, None)."""
+    if scale is None:
+        return None, None
+    return scale[i:i + 1], history[0, i:i + 1]
+
+
+class _DelayedMixin:
+    """Per-layer delayed-scaling state as non-persistent buffers (created on first use under DelayedScaling)."""
+
+    _N_FWD = 3
+    _N_BWD = 2
+
+    def _init_fp8_buffers(self):
+        for name in ("fp8_fwd_scale", "fp8_fwd_amax_history", "fp8_bwd_scale", "fp8_bwd_amax_history"):
+            self.register_buffer(name, None, persistent=False)
+
+    def _delayed_state(self, recipe, device):
+        """(fwd_scale, fwd_history, bwd_scale, bwd_history) for a delayed recipe, else four Nones."""
+        if not isinstance(recipe, DelayedScaling):
+            return None, None, None, None
+        h = self.fp8_fwd_amax_history
+        if h is None or h.shape[0] != recipe.amax_history_len or h.device != device:
+            st = DelayedScalingState(recipe, self._N_FWD, self._N_BWD, device)
+            self.fp8_fwd_scale, self.fp8_fwd_amax_history = st.fwd_scale, st.fwd_history
+            self.fp8_bwd_scale, self.fp8_bwd_amax_history = st.bwd_scale, st.bwd_history
+        return self.fp8_fwd_scale, self.fp8_fwd_amax_history, self.fp8_bwd_scale, self.fp8_bwd_amax_history
+
+    def _calibrate(self, recipe, tensors_by_slot):
+        """calibrating=True: record each forward operand's amax into its history entry (max), then update."""
+        fs, fh, _, _ = self._delayed_state(recipe, tensors_by_slot[0][1].device)
+        with torch.no_grad():
+            for slot, t in tensors_by_slot:
+                amax = torch.zeros(1, dtype=torch.float32, device=t.device)
+                torch.ops.te.compute_amax.default(t.detach(), amax)
+                fh[0, slot:slot + 1].copy_(torch.maximum(fh[0, slot:slot + 1], amax))
+        update_delayed_scaling(fh, fs, recipe, recipe.fp8_format.value.fwd_dtype, get_amax_reduction_group())
+
+
+# ---- Linear ----------------------------------------------------------------------------------------------------
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, act_dtype, cfgs, recipe, fs, fh, bs, bh):
+        in_features = weight.shape[1]
+        x2 = x.reshape(-1, in_features)
+        if x2.dtype != act_dtype:
+            x2 = x2.to(act_dtype)
+        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        qx = build_quantizer(cfgs[0], True, need_wgrad, *_slot(fs, fh, FP8FwdTensors.GEMM1_INPUT))
+        qw = build_quantizer(cfgs[1], True, need_dgrad, *_slot(fs, fh, FP8FwdTensors.GEMM1_WEIGHT))
+        x_q = qx(x2.contiguous())
+        w_q = qw(weight)
+        b = None if bias is None else bias.to(act_dtype)
+        y = _gemm(w_q, True, x_q, False, act_dtype, bias=b)
+        ctx.x_q = _keep_columnwise(x_q) if need_wgrad else None
+        ctx.w_q = _keep_columnwise(w_q) if need_dgrad else None
+        ctx.meta = (x.shape, x.dtype, weight.dtype, None if bias is None else bias.dtype, act_dtype, cfgs[2], recipe)
+        ctx.save_for_backward(bs, bh)
+        return y.reshape(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        x_shape, x_dtype, w_dtype, b_dtype, act_dtype, cfg_g, recipe = ctx.meta
+        bs, bh = ctx.saved_tensors
+        need_dgrad, need_wgrad, need_bgrad = ctx.needs_input_grad[:3]
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        if dy2.dtype != act_dtype:
+            dy2 = dy2.to(act_dtype)
+        dy2 = dy2.contiguous()
+        qg = build_quantizer(cfg_g, need_dgrad, need_wgrad, *_slot(bs, bh, FP8BwdTensors.GRAD_OUTPUT1))
+        from .cast import bgrad_quantize
+
+        db = None
+        if need_bgrad:
+            db, dy_q = bgrad_quantize(dy2, qg)
+            db = db.to(b_dtype)
+        else:
+            dy_q = qg(dy2) if (need_dgrad or need_wgrad) else None
+        dx = dw = None
+        if need_dgrad:
+            dx = _dgrad(ctx.w_q, dy_q, act_dtype).reshape(x_shape).to(x_dtype)
+        if need_wgrad:
+            dw = _wgrad(ctx.x_q, dy_q, w_dtype)
+        if bs is not None:
+            update_delayed_scaling(bh, bs, recipe, cfg_g[1], get_amax_reduction_group())
+        ctx.x_q = ctx.w_q = None
+        return dx, dw, db, None, None, None, None, None, None, None
+
+
+class Linear(_DelayedMixin, torch.nn.Module):
+    """y = x·Wᵀ + b with W `[out_features, in_features]` in `params_dtype` (default torch's default dtype), the same
+    parameters, initialisation and state_dict keys as `torch.nn.Linear`. Inside `tex.autocast` the three GEMMs run
+    quantized by the recipe (see the module docstring); outside it is `F.linear`."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, params_dtype=None, device=None):
+        super().__init__()
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        kw = dict(dtype=params_dtype if params_dtype is not None else torch.get_default_dtype(), device=device)
+        self.weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_features, **kw))
+        if bias:
+            self.bias = torch.nn.Parameter(torch.empty(self.out_features, **kw))
+        else:
+            self.register_parameter("bias", None)
+        self._init_fp8_buffers()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """torch.nn.Linear's initialisation."""
+        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+            torch.nn.init.uniform_(self.bias, -bound, bound)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"Linear: input last dim {x.shape[-1]} != in_features {self.in_features} "
+                             f"(input shape {tuple(x.shape)})")
+        if not is_fp8_enabled():
+            return F.linear(x, self.weight, self.bias)
+        recipe = get_fp8_recipe()
+        if is_calibrating():
+            y = F.linear(x, self.weight, self.bias)
+            if isinstance(recipe, DelayedScaling):
+                self._calibrate(recipe, [(FP8FwdTensors.GEMM1_INPUT, x), (FP8FwdTensors.GEMM1_WEIGHT, self.weight)])
+            return y
+        training = torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad)
+        dims = {"in_features": self.in_features, "out_features": self.out_features}
+        if training and self.weight.requires_grad:
+            dims["tokens (flattened leading dims of the input)"] = x.numel() // max(self.in_features, 1)
+        _check_alignment(f"Linear({self.in_features}, {self.out_features})", recipe, dims)
+        fs, fh, bs, bh = self._delayed_state(recipe, x.device)
+        cfgs = (recipe.quantizer_config("input"), recipe.quantizer_config("weight"),
+                recipe.quantizer_config("grad_output"))
+        y = _LinearFn.apply(x, self.weight, self.bias, _activation_dtype(x), cfgs, recipe, fs, fh, bs, bh)
+        if fs is not None:
+            update_delayed_scaling(fh, fs, recipe, cfgs[0][1], get_amax_reduction_group())
+        return y
+
+
+# ---- MLP -------------------------------------------------------------------------------------------------------
+class _MLPFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, activation, act_dtype, cfgs, recipe, fs, fh, bs, bh):
+        act_fwd, _, _, _ = ACTIVATIONS[activation]
+        hidden = w1.shape[1]
+        x2 = x.reshape(-1, hidden)
+        if x2.dtype != act_dtype:
+            x2 = x2.to(act_dtype)
+        g = ctx.needs_input_grad
+        need_dx, need_w1, need_w2 = g[0], g[1], g[3]
+        need_dh = need_dx or g[1] or g[2]  # the gradient reaching fc1's output
+        need_da = need_dh  # the gradient reaching fc2's input
+        cfg_in, cfg_w, _ = cfgs
+        qx = build_quantizer(cfg_in, True, need_w1, *_slot(fs, fh, FP8FwdTensors.GEMM1_INPUT))
+        qw1 = build_quantizer(cfg_w, True, need_dx, *_slot(fs, fh, FP8FwdTensors.GEMM1_WEIGHT))
+        qa = build_quantizer(cfg_in, True, need_w2, *_slot(fs, fh, FP8FwdTensors.GEMM2_INPUT))
+        qw2 = build_quantizer(cfg_w, True, need_da, *_slot(fs, fh, FP8FwdTensors.GEMM2_WEIGHT))
+        x_q = qx(x2.contiguous())
+        w1_q = qw1(w1)
+        h = _gemm(w1_q, True, x_q, False, act_dtype, bias=None if b1 is None else b1.to(act_dtype))
+        a_q = getattr(_act, act_fwd)(h, qa)  # the fused kernel writes the activation quantized for fc2
+        w2_q = qw2(w2)
+        y = _gemm(w2_q, True, a_q, False, act_dtype, bias=None if b2 is None else b2.to(act_dtype))
+        ctx.x_q = _keep_columnwise(x_q) if need_w1 else None
+        ctx.w1_q = _keep_columnwise(w1_q) if need_dx else None
+        ctx.a_q = _keep_columnwise(a_q) if need_w2 else None
+        ctx.w2_q = _keep_columnwise(w2_q) if need_da else None
+        ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype, None if b1 is None else b1.dtype,
+                    None if b2 is None else b2.dtype, activation, act_dtype, cfgs[2], recipe, need_dh)
+        ctx.save_for_backward(h if need_dh else None, bs, bh)
+        return y.reshape(*x.shape[:-1], w2.shape[0])
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x_shape, x_dtype, w1_dtype, w2_dtype, b1_dtype, b2_dtype, activation, act_dtype, cfg_g, recipe,
+         need_dh) = ctx.meta
+        h, bs, bh = ctx.saved_tensors
+        g = ctx.needs_input_grad
+        need_dx, need_w1, need_b1, need_w2, need_b2 = g[:5]
+        _, act_bwd, act_dbias, _ = ACTIVATIONS[activation]
+        from .cast import bgrad_quantize
+
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        if dy2.dtype != act_dtype:
+            dy2 = dy2.to(act_dtype)
+        dy2 = dy2.contiguous()
+        # fc2: dY quantized rowwise (dgrad) and columnwise (wgrad), with the fused bias gradient.
+        qg2 = build_quantizer(cfg_g, need_dh, need_w2, *_slot(bs, bh, FP8BwdTensors.GRAD_OUTPUT2))
+        db2 = db1 = dx = dw1 = dw2 = None
+        if need_b2:
+            db2, dy_q = bgrad_quantize(dy2, qg2)
+            db2 = db2.to(b2_dtype)
+        else:
+            dy_q = qg2(dy2) if (need_dh or need_w2) else None
+        if need_w2:
+            dw2 = _wgrad(ctx.a_q, dy_q, w2_dtype)
+        if need_dh:
+            da = _dgrad(ctx.w2_q, dy_q, act_dtype)
+            # fc1: dH = dact(dA, H) quantized for the dgrad (rowwise) and wgrad (columnwise), bias gradient fused.
+            qg1 = build_quantizer(cfg_g, need_dx, need_w1, *_slot(bs, bh, FP8BwdTensors.GRAD_OUTPUT1))
+            if need_b1 and act_dbias is not None:
+                db1, dh_q = getattr(_act, act_dbias)(da, h, qg1)
+            elif need_b1:
+                db1, dh_q = bgrad_quantize(getattr(_act, act_bwd)(da, h, None), qg1)
+            elif need_dx or need_w1:
+                dh_q = getattr(_act, act_bwd)(da, h, qg1)
+            if db1 is not None:
+                db1 = db1.to(b1_dtype)
+            if need_dx:
+                dx = _dgrad(ctx.w1_q, dh_q, act_dtype).reshape(x_shape).to(x_dtype)
+            if need_w1:
+                dw1 = _wgrad(ctx.x_q, dh_q, w1_dtype)
+        if bs is not None:
+            update_delayed_scaling(bh, bs, recipe, cfg_g[1], get_amax_reduction_group())
+        ctx.x_q = ctx.w1_q = ctx.a_q = ctx.w2_q = None
+        return dx, dw1, db1, dw2, db2, None, None, None, None, None, None, None, None
+
+
+class MLP(_DelayedMixin, torch.nn.Module):
+    """fc2(act(fc1(x))): `fc1` Linear(hidden_size → ffn_hidden_size, or 2·ffn_hidden_size for gated activations,
+    whose first half goes through the nonlinearity, SPEC §3.2), `fc2` Linear(ffn_hidden_size → hidden_size).
+    `activation`: any key of `ACTIVATIONS` (gelu = tanh approximation). Inside `tex.autocast` one autograd function
+    runs both quantized GEMMs, the activation fused with its quantization for fc2, and the fused dact(+dbias)
+    backward; outside it is plain PyTorch math. Parameters: `fc1_weight`, `fc1_bias`, `fc2_weight`, `fc2_bias`."""
+
+    _N_FWD = 6
+    _N_BWD = 4
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, activation: str = "gelu", bias: bool = True,
+                 params_dtype=None, device=None):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"MLP: activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
+        self.hidden_size, self.ffn_hidden_size, self.activation = int(hidden_size), int(ffn_hidden_size), activation
+        self.gated = ACTIVATIONS[activation][3]
+        fc1_out = self.ffn_hidden_size * (2 if self.gated else 1)
+        kw = dict(dtype=params_dtype if params_dtype is not None else torch.get_default_dtype(), device=device)
+        self.fc1_weight = torch.nn.Parameter(torch.empty(fc1_out, self.hidden_size, **kw))
+        self.fc2_weight = torch.nn.Parameter(torch.empty(self.hidden_size, self.ffn_hidden_size, **kw))
+        if bias:
+            self.fc1_bias = torch.nn.Parameter(torch.empty(fc1_out, **kw))
+            self.fc2_bias = torch.nn.Parameter(torch.empty(self.hidden_size, **kw))
+        else:
+            self.register_parameter("fc1_bias", None)
+            self.register_parameter("fc2_bias", None)
+        self._init_fp8_buffers()
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """torch.nn.Linear's initialisation for each of the two weights and biases."""
+        for w, b in ((self.fc1_weight, self.fc1_bias), (self.fc2_weight, self.fc2_bias)):
+            torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+            if b is not None:
+                torch.nn.init.uniform_(b, -1 / math.sqrt(w.shape[1]), 1 / math.sqrt(w.shape[1]))
+
+    def extra_repr(self):
+        return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
+                f"activation={self.activation!r}, bias={self.fc1_bias is not None}")
+
+    def _plain(self, x):
+        h = F.linear(x, self.fc1_weight, self.fc1_bias)
+        return F.linear(getattr(_act, ACTIVATIONS[self.activation][0])(h, None), self.fc2_weight, self.fc2_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.hidden_size:
+            raise ValueError(f"MLP: input last dim {x.shape[-1]} != hidden_size {self.hidden_size} "
+                             f"(input shape {tuple(x.shape)})")
+        if not is_fp8_enabled():
+            return self._plain(x)
+        recipe = get_fp8_recipe()
+        if is_calibrating():
+            y = self._plain(x)
+            if isinstance(recipe, DelayedScaling):
+                with torch.no_grad():
+                    a = getattr(_act, ACTIVATIONS[self.activation][0])(
+                        F.linear(x, self.fc1_weight, self.fc1_bias), None)
+                self._calibrate(recipe, [(FP8FwdTensors.GEMM1_INPUT, x), (FP8FwdTensors.GEMM1_WEIGHT, self.fc1_weight),
+                                         (FP8FwdTensors.GEMM2_INPUT, a), (FP8FwdTensors.GEMM2_WEIGHT, self.fc2_weight)])
+            return y
+        params_grad = any(p.requires_grad for p in (self.fc1_weight, self.fc2_weight))
+        dims = {"hidden_size": self.hidden_size, "ffn_hidden_size": self.ffn_hidden_size}
+        if torch.is_grad_enabled() and params_grad:
+            dims["tokens (flattened leading dims of the input)"] = x.numel() // max(self.hidden_size, 1)
+        _check_alignment(f"MLP({self.hidden_size}, {self.ffn_hidden_size}, {self.activation!r})", recipe, dims)
+        fs, fh, bs, bh = self._delayed_state(recipe, x.device)
+        cfgs = (recipe.quantizer_config("input"), recipe.quantizer_config("weight"),
+                recipe.quantizer_config("grad_output"))
+        y = _MLPFn.apply(x, self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias, self.activation,
+                         _activation_dtype(x), cfgs, recipe, fs, fh, bs, bh)
+        if fs is not None:
+            update_delayed_scaling(fh, fs, recipe, cfgs[0][1], get_amax_reduction_group())
+        return y
