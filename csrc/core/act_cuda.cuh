@@ -22,6 +22,7 @@
 #include <type_traits>
 
 #include "activation.h"
+#include "quantize_mxfp8.h"
 
 namespace te {
 namespace act_cuda {
@@ -459,7 +460,7 @@ template <int kPending> __device__ __forceinline__ void cp_async_wait() {
 // E8M0 code, the codes; the first lane of the block stores the scale at (row r, block j).
 template <typename InT>
 __device__ __forceinline__ void emit8_mx_row(const float (&raw)[kVec], const ActKernelParams& p, int64_t off,
-                                             int64_t r, int64_t j, int64_t scale_cols) {
+                                             int64_t r, int64_t j, int64_t out_cols) {
   float v[kVec];
   float a = 0.0f;
 #pragma unroll
@@ -474,26 +475,28 @@ __device__ __forceinline__ void emit8_mx_row(const float (&raw)[kVec], const Act
   const float m = e8m0_multiplier(e);
   const uint2 w = p.e4m3 ? encode8_t<float, false, true>(v, m) : encode8_t<float, false, false>(v, m);
   *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.out) + off) = w;
-  if ((threadIdx.x & 3u) == 0u)
-    p.mx_scale[p.mx_swizzled ? swizzled_scale_offset(r, j, scale_cols) : r * scale_cols + j] = e;
+  if ((threadIdx.x & 3u) == 0u) p.mx_scale[mx_row_scale_offset(r, j, out_cols, p.mx_swizzled)] = e;
 }
 
-// Zero padding of the MXFP8 rowwise scales (entries past the data), grid-stride over the padding only.
-__device__ __forceinline__ void mx_row_scale_padding(const ActKernelParams& p, int64_t out_cols) {
-  const int64_t blocks = out_cols / 32, scale_cols = roundup(blocks, 4), scale_rows = roundup(p.rows, 128);
-  const int64_t right = p.rows * (scale_cols - blocks), below = (scale_rows - p.rows) * scale_cols;
+// Zero the padding of a scale grid (grid-stride over the padding only): the entries right of the data on its
+// `rows` data rows, then the whole rows below, up to [pad_rows, pad_cols]. `offset(r, j)` places entry (r, j).
+template <class Offset>
+__device__ __forceinline__ void zero_scale_padding(uint8_t* scale, int64_t rows, int64_t cols, int64_t pad_rows,
+                                                   int64_t pad_cols, Offset offset) {
+  const int64_t right = rows * (pad_cols - cols), below = (pad_rows - rows) * pad_cols;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < right + below;
        i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t r, j;
-    if (i < right) {
-      r = i / (scale_cols - blocks);
-      j = blocks + i % (scale_cols - blocks);
-    } else {
-      r = p.rows + (i - right) / scale_cols;
-      j = (i - right) % scale_cols;
-    }
-    p.mx_scale[p.mx_swizzled ? swizzled_scale_offset(r, j, scale_cols) : r * scale_cols + j] = 0;
+    const int64_t r = i < right ? i / (pad_cols - cols) : rows + (i - right) / pad_cols;
+    const int64_t j = i < right ? cols + i % (pad_cols - cols) : (i - right) % pad_cols;
+    scale[offset(r, j)] = 0;
   }
+}
+
+// Zero padding of the MXFP8 rowwise scales [roundup(rows, 128), roundup(out_cols / 32, 4)].
+__device__ __forceinline__ void mx_row_scale_padding(uint8_t* scale, int64_t rows, int64_t out_cols, bool swizzled) {
+  const int64_t blocks = out_cols / kMxBlock;
+  zero_scale_padding(scale, rows, blocks, roundup(rows, 128), roundup(blocks, 4),
+                     [=](int64_t r, int64_t j) { return mx_row_scale_offset(r, j, out_cols, swizzled); });
 }
 
 // ---- Rowwise kernel ----------------------------------------------------------------------------------------------
@@ -578,7 +581,7 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
         if constexpr (kOut == OutKind::kMxRow) {
           const uint32_t r = geo.row_of.div(ci);
           const int64_t col = int64_t(ci - r * geo.cpr) * kVec + h * cols;  // output column of the chunk
-          emit8_mx_row<InT>(out[h], p, ooff + h * cols, r, col / 32, roundup(out_cols / 32, 4));
+          emit8_mx_row<InT>(out[h], p, ooff + h * cols, r, col / kMxBlock, out_cols);
         } else {
           emit8<kOut, InT>(out[h], p.out, ooff + h * cols, scale, p.e4m3, amax);
         }
@@ -605,7 +608,7 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
       compute_step(step, 1);
     }
   }
-  if constexpr (kOut == OutKind::kMxRow) mx_row_scale_padding(p, out_cols);
+  if constexpr (kOut == OutKind::kMxRow) mx_row_scale_padding(p.mx_scale, p.rows, out_cols, p.mx_swizzled);
   if constexpr (OutTraits<kOut>::kTrackAmax) block_amax_to_global<kRowThreads>(amax, red, p.amax);
 }
 

@@ -14,7 +14,8 @@
 // tiles ahead through cp.async into per-thread shared-memory slots (each thread reads back only what it copied, so
 // the pipeline needs no block barrier and no registers for the tiles in flight). Scale padding is written as zero
 // by the tiles on the last row / column. A rowwise-only request on aligned rows instead goes to the streaming rowwise
-// kernel of act_cuda.cuh (output kind kMxRow: a 1x32 block is 4 consecutive lanes), which needs no tiles.
+// kernel of act_cuda.cuh (output kind kMxRow: a 1x32 block is 4 consecutive lanes), which needs no tiles; both
+// copies of a unary forward op without dbias go to the warp-tile kernel below (no block barriers).
 #pragma once
 
 #include "act_cuda.cuh"
@@ -277,6 +278,103 @@ __global__ void __launch_bounds__(kMxThreads) mxfp8_kernel(const Mxfp8Params p, 
   }
 }
 
+// Zero padding of both scale tensors (entries past the data), grid-stride over the padding only.
+__device__ __forceinline__ void mx_scale_padding(const Mxfp8Params& p, const MxGeom& geo) {
+  const int64_t rows = p.rows, out_cols = geo.out_cols;
+  if (p.row_data != nullptr) act_cuda::mx_row_scale_padding(p.row_scale, rows, out_cols, p.swizzled);
+  if (p.col_data != nullptr) {
+    const int64_t nrb = ceil_div(rows, kMxBlock);
+    const bool swz = p.swizzled;
+    act_cuda::zero_scale_padding(p.col_scale, nrb, out_cols, roundup(nrb, 4), roundup(out_cols, 128),
+                                 [=](int64_t b, int64_t j) { return mx_col_scale_offset(b, j, rows, out_cols, swz); });
+  }
+}
+
+// ---- Warp-tile kernel: both copies of a unary forward op, no dbias ----------------------------------------------
+// Each warp owns whole 32 x 64 tiles (no block barriers): lane l takes the 8 columns 8*(l%8).. of rows
+// 8*(l/8)..+7, all 8 rows loaded before any math. Pass 1 per row: the op, rnd_in, the rowwise 1x32 block (4 lanes,
+// two shuffles), its codes and scale; the values stay in registers as the input dtype (exact: they were rounded to
+// it) and the column maxima accumulate. Then the column maxima over the 4 row groups (two shuffles per column),
+// the columnwise scales, and pass 2 encodes the columnwise codes from the kept values.
+constexpr int kMxWarpRows = 8;  // rows per lane
+
+template <class Op, typename InT, bool kLut>
+__global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Params p, const MxGeom geo) {
+  static_assert(!Op::kGated, "unary ops only");
+  extern __shared__ float mxw_lut[];
+  if (p.noop != nullptr && *p.noop == 1.0f) return;
+  if constexpr (kLut) act_cuda::lut_fill<Op, false, kMxThreads>(mxw_lut, p.act);
+  const int64_t rows = p.rows, out_cols = geo.out_cols;
+  const InT* x = static_cast<const InT*>(p.x);
+  const int lane = threadIdx.x % 32, cc = lane % 8, rg = lane / 8;
+  const int64_t warps = int64_t(gridDim.x) * (kMxThreads / 32);
+  for (int64_t t = int64_t(blockIdx.x) * (kMxThreads / 32) + threadIdx.x / 32; t < geo.n_tiles; t += warps) {
+    const int64_t tr = t / geo.n_col_tiles, tc = t - tr * geo.n_col_tiles;
+    const int64_t c0 = tc * kMxTileCols + cc * kVec;
+    const int64_t r0 = tr * kMxTileRows + rg * kMxWarpRows;
+    const bool col_ok = c0 < out_cols;
+    Vec8<InT> keep[kMxWarpRows];
+#pragma unroll
+    for (int i = 0; i < kMxWarpRows; ++i) {
+      if (col_ok && r0 + i < rows) keep[i] = *reinterpret_cast<const Vec8<InT>*>(x + (r0 + i) * out_cols + c0);
+    }
+    float cmax[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) cmax[k] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMxWarpRows; ++i) {
+      const bool ok = col_ok && r0 + i < rows;
+      float out[2][kVec], v[kVec];
+      act_cuda::eval8<Op, false, kLut>(keep[i], keep[i], keep[i], p.act, mxw_lut, out);
+      float a = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        v[k] = ok ? round_to<InT>(out[0][k]) : 0.0f;  // rnd_in before the block amax (SPEC §5.1)
+        a = amax_update(a, v[k]);
+        cmax[k] = amax_update(cmax[k], v[k]);
+        keep[i].e[k] = from_float<InT>(v[k]);          // exact: v is a value of InT
+      }
+      a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+      a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+      if (ok && p.row_data != nullptr) {
+        const uint8_t e = mx_block_code(a, p.e4m3);
+        mx_store8(p.row_data + (r0 + i) * out_cols + c0, mx_encode8(v, e8m0_multiplier(e), p.e4m3), true);
+        if (cc % 4 == 0) p.row_scale[mx_row_scale_offset(r0 + i, c0 / kMxBlock, out_cols, p.swizzled)] = e;
+      }
+    }
+    float cmul[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      float a = amax_update(cmax[k], __shfl_xor_sync(0xFFFFFFFFu, cmax[k], 8));
+      a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 16));
+      const uint8_t e = mx_block_code(a, p.e4m3);
+      cmul[k] = e8m0_multiplier(e);
+      if (rg == 0 && col_ok) p.col_scale[mx_col_scale_offset(tr, c0 + k, rows, out_cols, p.swizzled)] = e;
+    }
+#pragma unroll
+    for (int i = 0; i < kMxWarpRows; ++i) {
+      if (!col_ok || r0 + i >= rows) continue;
+      float q[kVec];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) q[k] = to_float(keep[i].e[k]) * cmul[k];
+      mx_store8(p.col_data + (r0 + i) * out_cols + c0, mx_encode8(q, 1.0f, p.e4m3), true);
+    }
+  }
+  mx_scale_padding(p, geo);
+}
+
+template <class Op, typename T>
+void launch_mxfp8_warp(const Mxfp8Params& p, const MxGeom& geo, cudaStream_t stream) {
+  constexpr bool kLut = Op::Fn::kTabulate && std::is_same<T, bf16_t>::value;
+  constexpr auto kernel = mxfp8_warp_kernel<Op, T, kLut>;
+  const size_t smem = kLut ? act_cuda::LutPlan<Op, false>::kBytes : 0;
+  const int per_sm = std::max(1, act_cuda::resident_per_sm<kernel>(kMxThreads, smem));
+  const int64_t warp_tiles_per_block = kMxThreads / 32;
+  const int64_t blocks = std::min((geo.n_tiles + warp_tiles_per_block - 1) / warp_tiles_per_block,
+                                  int64_t(per_sm) * act_cuda::device_sm_count_or_default());
+  kernel<<<unsigned(std::max<int64_t>(blocks, 1)), kMxThreads, smem, stream>>>(p, geo);
+}
+
 template <class Op, bool kBwd, typename T>
 void launch_mxfp8_t(const Mxfp8Params& p, const MxGeom& geo, cudaStream_t stream) {
   constexpr bool kLut = Op::Fn::kTabulate && std::is_same<T, bf16_t>::value;
@@ -319,6 +417,14 @@ template <class Op, bool kBwd> void launch_mxfp8(DType in_dtype, const Mxfp8Para
     });
     act_cuda::check_launch("MXFP8 quantize kernel (rowwise)");
     return;
+  }
+  if constexpr (!kBwd && !Op::kGated) {
+    // Both copies of a unary forward op, no dbias, aligned: warp-owned tiles, no block barriers.
+    if (geo.vec && p.col_data != nullptr && p.dbias_partial == nullptr) {
+      TE_SWITCH_IN_DTYPE(in_dtype, T, { launch_mxfp8_warp<Op, T>(p, geo, stream); });
+      act_cuda::check_launch("MXFP8 quantize kernel (warp tiles)");
+      return;
+    }
   }
   TE_SWITCH_IN_DTYPE(in_dtype, T, { launch_mxfp8_t<Op, kBwd, T>(p, geo, stream); });
   act_cuda::check_launch("MXFP8 quantize kernel");
