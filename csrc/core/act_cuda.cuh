@@ -23,6 +23,7 @@
 
 #include "activation.h"
 #include "quantize_mxfp8.h"
+#include "quantize_nvfp4.h"
 
 namespace te {
 namespace act_cuda {
@@ -271,12 +272,14 @@ act_kernel(const ActKernelParams p, int64_t dbias_rows) {
 // ---- Streaming kernels: compile-time output kind ---------------------------------------------------------------
 // The rowwise and strip kernels are instantiated per output kind, so their loops carry no mode branches (only the
 // E4M3/E5M2 choice stays a warp-uniform runtime branch per chunk).
-enum class OutKind { kPlain, kDelayed, kCurrent, kAmax, kMxRow };
+// kNvRow / kNvRowCol: NVFP4 (ScaleMode::kNvfp4) without / with the transposed copy.
+enum class OutKind { kPlain, kDelayed, kCurrent, kAmax, kMxRow, kNvRow, kNvRowCol };
 
 template <OutKind kOut> struct OutTraits {
   static constexpr bool kFp8 = kOut == OutKind::kDelayed || kOut == OutKind::kCurrent;
   static constexpr bool kTrackAmax = kOut == OutKind::kDelayed || kOut == OutKind::kAmax;
   static constexpr bool kRound = kOut == OutKind::kCurrent;  // rnd_in before scaling (SPEC §5.1)
+  static constexpr bool kNv = kOut == OutKind::kNvRow || kOut == OutKind::kNvRowCol;
 };
 
 // Runtime ScaleMode -> OutKind for the launchers; the default names the accepted values.
@@ -475,7 +478,7 @@ __device__ __forceinline__ void emit8_mx_row(const float (&raw)[kVec], const Act
   const float m = e8m0_multiplier(e);
   const uint2 w = p.e4m3 ? encode8_t<float, false, true>(v, m) : encode8_t<float, false, false>(v, m);
   *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.out) + off) = w;
-  if ((threadIdx.x & 3u) == 0u) p.mx_scale[mx_row_scale_offset(r, j, out_cols, p.mx_swizzled)] = e;
+  if ((threadIdx.x & 3u) == 0u) p.blk_scale[mx_row_scale_offset(r, j, out_cols, p.blk_swizzled)] = e;
 }
 
 // Zero the padding of a scale grid (grid-stride over the padding only): the entries right of the data on its
@@ -497,6 +500,57 @@ __device__ __forceinline__ void mx_row_scale_padding(uint8_t* scale, int64_t row
   const int64_t blocks = out_cols / kMxBlock;
   zero_scale_padding(scale, rows, blocks, roundup(rows, 128), roundup(blocks, 4),
                      [=](int64_t r, int64_t j) { return mx_row_scale_offset(r, j, out_cols, swizzled); });
+}
+
+// ---- NVFP4 (ScaleMode::kNvfp4) ----------------------------------------------------------------------------------
+// The global scales of one launch, from the amax of the previous kAmaxOnly pass (SPEC §4.6).
+struct NvGlobal {
+  float s_enc, s_dec;
+};
+__device__ __forceinline__ NvGlobal nv_global(const ActKernelParams& p) {
+  const float amax = *p.amax;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {  // the tensor's amax fields (rowwise / columnwise copies)
+    if (p.nv_amax_out[0] != nullptr) *p.nv_amax_out[0] = amax;
+    if (p.nv_amax_out[1] != nullptr) *p.nv_amax_out[1] = amax;
+  }
+  const float s_enc = nvfp4_global_scale(amax);
+  return {s_enc, 1.0f / s_enc};
+}
+
+// NVFP4 rowwise output of one chunk: the values rounded to the input dtype, the amax of their 1x16 block over the
+// 2 lanes holding it (consecutive lanes, active together), the E4M3 block scale, 4 bytes of packed codes at
+// element offset `off`; the even lane stores the scale of (row r, block j).
+template <typename InT>
+__device__ __forceinline__ void emit8_nv_row(const float (&raw)[kVec], const ActKernelParams& p, const NvGlobal& gs,
+                                             int64_t off, int64_t r, int64_t j, int64_t out_cols) {
+  float v[kVec];
+  float a = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    v[k] = round_to<InT>(raw[k]);
+    a = amax_update(a, v[k]);
+  }
+  a = amax_update(a, __shfl_xor_sync(0x3u << (threadIdx.x & 30u), a, 1));
+  const uint8_t sf = nvfp4_block_scale(a, gs.s_enc);
+  *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(p.out) + off / 2) =
+      nvfp4_pack8(v, nvfp4_block_multiplier(sf, gs.s_dec));
+  if ((threadIdx.x & 1u) == 0u) p.blk_scale[nv_row_scale_offset(r, j, out_cols, p.blk_swizzled)] = sf;
+}
+
+// Zero padding of the NVFP4 scale tensors of a launch (rowwise when `out` is set, columnwise when `out_t` is).
+__device__ __forceinline__ void nv_scale_padding(const ActKernelParams& p, int64_t out_cols) {
+  const int64_t rows = p.rows;
+  const bool swz = p.blk_swizzled;
+  if (p.out != nullptr) {
+    const int64_t nb = out_cols / kNvBlock;
+    zero_scale_padding(p.blk_scale, rows, nb, roundup(rows, 128), roundup(nb, 4),
+                       [=](int64_t r, int64_t j) { return nv_row_scale_offset(r, j, out_cols, swz); });
+  }
+  if (p.out_t != nullptr) {
+    const int64_t nb = rows / kNvBlock;
+    zero_scale_padding(p.blk_scale_t, out_cols, nb, roundup(out_cols, 128), roundup(nb, 4),
+                       [=](int64_t k, int64_t i) { return nv_col_scale_offset(k, i, rows, swz); });
+  }
 }
 
 // ---- Rowwise kernel ----------------------------------------------------------------------------------------------
@@ -535,6 +589,8 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
 
   if (p.noop != nullptr && *p.noop == 1.0f) return;
   const float scale = kind_scale<kOut>(p);
+  NvGlobal nv{};
+  if constexpr (kOut == OutKind::kNvRow) nv = nv_global(p);
   const int64_t cols = p.cols;
   const int64_t out_cols = kTwoOut ? 2 * cols : cols;
   const uint32_t n = geo.n_chunks;
@@ -582,6 +638,10 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
           const uint32_t r = geo.row_of.div(ci);
           const int64_t col = int64_t(ci - r * geo.cpr) * kVec + h * cols;  // output column of the chunk
           emit8_mx_row<InT>(out[h], p, ooff + h * cols, r, col / kMxBlock, out_cols);
+        } else if constexpr (kOut == OutKind::kNvRow) {
+          const uint32_t r = geo.row_of.div(ci);
+          const int64_t col = int64_t(ci - r * geo.cpr) * kVec + h * cols;
+          emit8_nv_row<InT>(out[h], p, nv, ooff + h * cols, r, col / kNvBlock, out_cols);
         } else {
           emit8<kOut, InT>(out[h], p.out, ooff + h * cols, scale, p.e4m3, amax);
         }
@@ -608,7 +668,8 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
       compute_step(step, 1);
     }
   }
-  if constexpr (kOut == OutKind::kMxRow) mx_row_scale_padding(p.mx_scale, p.rows, out_cols, p.mx_swizzled);
+  if constexpr (kOut == OutKind::kMxRow) mx_row_scale_padding(p.blk_scale, p.rows, out_cols, p.blk_swizzled);
+  if constexpr (kOut == OutKind::kNvRow) nv_scale_padding(p, out_cols);
   if constexpr (OutTraits<kOut>::kTrackAmax) block_amax_to_global<kRowThreads>(amax, red, p.amax);
 }
 
@@ -667,6 +728,106 @@ act_strip_kernel(const ActKernelParams p, int64_t block_rows, int64_t n_strips, 
   if constexpr (OutTraits<kOut>::kTrackAmax) block_amax_to_global<kThreads>(amax, red, p.amax);
 }
 
+// NVFP4 both copies of one 128 x 64 tile of the pipelined kernel (thread: rows 4*rgroup.. of positions
+// 8*cchunk..; `eval(i, out)` gives the op on row i of the thread). Rowwise 1x16 blocks are lane pairs; a 16x1
+// columnwise block is one column of the 4 row groups of a warp (the thread's 4 rows, then two shuffles), so no
+// amax goes through shared memory. The rounded values stay in registers as the input dtype (exact) until the
+// column scales are known; the transposed codes (2 bytes per column and row group) and the column scales are
+// staged in `tile` and leave as 16-byte runs along the rows of the transposed copy.
+template <typename InT, int kOuts, class Eval>
+__device__ __forceinline__ void nv_pipe_tile(const ActKernelParams& p, const NvGlobal& gs, uint32_t* tile,
+                                             int64_t m0, int64_t col_base, int64_t o_cols, Eval&& eval) {
+  const int64_t rows = p.rows, cols = p.cols;
+  const int tid = threadIdx.x, cchunk = tid % 8, rgroup = tid / 8;
+  const int64_t c0 = col_base + cchunk * kVec;
+  const bool col_ok = c0 < cols;  // cols % 16 == 0: lane pairs agree
+  Vec8<InT> keep[kOuts][kRowsPerThread];
+  float cmax[kOuts][kVec];
+#pragma unroll
+  for (int h = 0; h < kOuts; ++h)
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) cmax[h][k] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int64_t r = m0 + rgroup * kRowsPerThread + i;
+    const bool ok = col_ok && r < rows;  // zero-filled rows and columns past the data hold 0: no effect on maxima
+    float out[2][kVec];
+    eval(i, out);
+#pragma unroll
+    for (int h = 0; h < kOuts; ++h) {
+      float v[kVec];
+      float a = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        v[k] = ok ? round_to<InT>(out[h][k]) : 0.0f;  // rnd_in (SPEC §5.1)
+        a = amax_update(a, v[k]);
+        cmax[h][k] = amax_update(cmax[h][k], v[k]);
+        keep[h][i].e[k] = from_float<InT>(v[k]);
+      }
+      a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
+      if (ok && p.out != nullptr) {
+        const uint8_t sf = nvfp4_block_scale(a, gs.s_enc);
+        const int64_t off = r * o_cols + h * cols + c0;
+        *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(p.out) + off / 2) =
+            nvfp4_pack8(v, nvfp4_block_multiplier(sf, gs.s_dec));
+        if (cchunk % 2 == 0) p.blk_scale[nv_row_scale_offset(r, (h * cols + c0) / kNvBlock, o_cols, p.blk_swizzled)] = sf;
+      }
+    }
+  }
+  __syncthreads();  // the previous tile's staged codes have been read
+  // Staged per output: 64 positions x 32 row groups of 2 code bytes (16-byte group g = rgroup / 8 of position j
+  // at physical group g ^ (j / 8 % 4)), then 64 x 8 column-scale bytes.
+  constexpr int kRegion = kTileCols * 32 * 4;
+#pragma unroll
+  for (int h = 0; h < kOuts; ++h) {
+    uint16_t* codes = reinterpret_cast<uint16_t*>(reinterpret_cast<uint8_t*>(tile) + h * kRegion);
+    uint8_t* scl = reinterpret_cast<uint8_t*>(tile) + h * kRegion + kTileCols * 64;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      float a = amax_update(cmax[h][k], __shfl_xor_sync(0xFFFFFFFFu, cmax[h][k], 8));
+      a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 16));
+      const uint8_t sf = nvfp4_block_scale(a, gs.s_enc);
+      const float enc = nvfp4_block_multiplier(sf, gs.s_dec);
+      uint32_t nib = 0u;
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; ++i) nib |= uint32_t(e2m1_encode(to_float(keep[h][i].e[k]) * enc)) << (4 * i);
+      const int j = cchunk * kVec + k;
+      codes[j * 32 + 8 * ((rgroup / 8) ^ ((j / 8) % 4)) + rgroup % 8] = uint16_t(nib);
+      if (rgroup % 4 == 0) scl[j * 8 + rgroup / 4] = sf;
+    }
+  }
+  __syncthreads();
+  const bool vec_t = (rows / 2) % 16 == 0 && (reinterpret_cast<uintptr_t>(p.out_t) & 15) == 0;
+#pragma unroll
+  for (int h = 0; h < kOuts; ++h) {
+    const uint8_t* region = reinterpret_cast<const uint8_t*>(tile) + h * kRegion;
+    {  // codes: thread -> (position j, 32-row run s)
+      const int j = tid / 4, sr = tid % 4;
+      const int64_t pos = col_base + j, m = m0 + 32 * sr;
+      if (pos < cols && m < rows) {
+        const uint4 w = *reinterpret_cast<const uint4*>(region + j * 64 + 16 * (sr ^ ((j / 8) % 4)));
+        uint8_t* dst = p.out_t + (h * cols + pos) * (rows / 2) + m / 2;
+        if (vec_t && m + 32 <= rows) {
+          *reinterpret_cast<uint4*>(dst) = w;
+        } else {
+#pragma unroll
+          for (int b = 0; b < 16; ++b) {
+            const uint32_t word = b < 4 ? w.x : (b < 8 ? w.y : (b < 12 ? w.z : w.w));
+            if (m + 2 * b < rows) dst[b] = uint8_t(word >> (8 * (b % 4)));
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int e = tid; e < kTileCols * 8; e += kThreads) {  // column scales: (position e / 8, row block e % 8)
+      const int64_t pos = col_base + e / 8, m = m0 + kNvBlock * (e % 8);
+      if (pos < cols && m < rows)
+        p.blk_scale_t[nv_col_scale_offset(h * cols + pos, m / kNvBlock, rows, p.blk_swizzled)] =
+            region[kTileCols * 64 + e];
+    }
+  }
+}
+
 // ---- Pipelined tile kernel (transposed copies) ----------------------------------------------------------------
 // FP8 output with a transposed copy, aligned rows, no dbias. Persistent blocks walk 128 x 64 tiles (column tile
 // fastest, so the blocks in flight together read whole rows); each thread copies its own 4 rows x 8 positions of
@@ -700,12 +861,19 @@ struct PipeGeom {
   int64_t tiles = 1;
 };
 
+// The NVFP4 tiles keep a tile's rounded values in registers until the column scales are known: 2 blocks per SM (up
+// to 128 registers) so that no instantiation spills.
+template <class Op, bool kBwd, typename InT, OutKind kOut, bool kLut> constexpr int pipe_min_blocks() {
+  constexpr int n = PipeLayout<Op, kBwd, InT>::template min_blocks<kLut>();
+  return OutTraits<kOut>::kNv && n > 2 ? 2 : n;
+}
+
 template <class Op, bool kBwd, typename InT, OutKind kOut, bool kLut>
-__global__ void __launch_bounds__(kThreads, PipeLayout<Op, kBwd, InT>::template min_blocks<kLut>())
+__global__ void __launch_bounds__(kThreads, pipe_min_blocks<Op, kBwd, InT, kOut, kLut>())
 act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
   using L = PipeLayout<Op, kBwd, InT>;
   using Tr = OutTraits<kOut>;
-  static_assert(Tr::kFp8, "the transposed copy holds FP8 codes");
+  static_assert(Tr::kFp8 || kOut == OutKind::kNvRowCol, "the transposed copy holds FP8 or NVFP4 codes");
   constexpr bool kGated = Op::kGated;
   constexpr int kOuts = L::kOuts;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -715,6 +883,8 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
 
   if (p.noop != nullptr && *p.noop == 1.0f) return;
   const float scale = kind_scale<kOut>(p);
+  NvGlobal nv{};
+  if constexpr (Tr::kNv) nv = nv_global(p);
   const int64_t rows = p.rows, cols = p.cols;
   const int64_t x_stride = kGated ? 2 * cols : cols;
   const int64_t o_cols = kOuts == 2 ? 2 * cols : cols;
@@ -760,6 +930,15 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
     const int64_t col_base = (t - rt * geo.col_tiles) * kTileCols;
     const int64_t m0 = rt * kActBlockRows;
     const int64_t c0 = col_base + cchunk * kVec;
+    if constexpr (Tr::kNv) {
+      nv_pipe_tile<InT, kOuts>(p, nv, tile, m0, col_base, o_cols, [&](int i, float (&out)[2][kVec]) {
+        const Vec8<InT> va = *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, 0, i));
+        const Vec8<InT> vb = kGated ? *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, 1, i)) : va;
+        const Vec8<InT> vg = kBwd ? *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, L::kStreams - 1, i)) : va;
+        eval8<Op, kBwd, kLut>(va, vb, vg, p.act, lut, out);
+      });
+      continue;
+    }
     uint32_t tw[kOuts][kVec] = {};  // byte i of word k = code of (row i of this thread's 4, position c0 + k)
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
@@ -796,6 +975,7 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
       store_transposed_tile(tile + h * kTileCols * 32, p.out_t + h * cols * rows, col_base, m0, rows, cols);
   }
   cp_async_wait<0>();
+  if constexpr (Tr::kNv) nv_scale_padding(p, o_cols);
   if constexpr (Tr::kTrackAmax) block_amax_to_global<kThreads>(amax, red, p.amax);
 }
 
@@ -916,8 +1096,32 @@ void launch_pipe(const ActKernelParams& p, cudaStream_t stream) {
   launch_pipe_grid<act_pipe_kernel<Op, kBwd, T, kOut, false>>(p, geo, L::template smem_bytes<false>(), stream);
 }
 
+// NVFP4 (ScaleMode::kNvfp4): the streaming rowwise kernel without a transposed copy, else the pipelined tiles.
+template <class Op, bool kBwd>
+void launch_nvfp4_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
+  auto aligned = [](const void* ptr, int bytes) { return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0; };
+  const int64_t n_chunks = p.rows * (p.cols / kVec);
+  const bool ok = p.cols % kNvBlock == 0 && aligned(p.x, 16) && (p.grad == nullptr || aligned(p.grad, 16)) &&
+                  (p.out == nullptr || aligned(p.out, 4)) && p.dbias_partial == nullptr &&
+                  (p.out_t == nullptr || p.rows % kNvBlock == 0) && n_chunks < (int64_t(1) << 31);
+  if (!ok) {
+    core_fail("activation kernel: the fused NVFP4 path needs positions per row % 16 == 0 (got " +
+              std::to_string(p.cols) + "), rows % 16 == 0 with a transposed copy (got " + std::to_string(p.rows) +
+              "), 16-byte aligned inputs, a 4-byte aligned output and no dbias");
+  }
+  TE_SWITCH_IN_DTYPE(in_dtype, T, {
+    if (p.out_t == nullptr) {
+      launch_rowwise<Op, kBwd, T, OutKind::kNvRow>(p, uint32_t(p.cols / kVec), uint32_t(n_chunks), stream);
+    } else {
+      launch_pipe<Op, kBwd, T, OutKind::kNvRowCol>(p, stream);
+    }
+  });
+  check_launch("activation kernel (NVFP4)");
+}
+
 template <class Op, bool kBwd>
 void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
+  if (p.mode == ScaleMode::kNvfp4) return launch_nvfp4_act<Op, kBwd>(in_dtype, p, stream);
   auto aligned = [](const void* ptr, int bytes) { return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0; };
   const bool vec = p.cols % kVec == 0 && aligned(p.x, 16) && (p.grad == nullptr || aligned(p.grad, 16)) &&
                    (p.out == nullptr || aligned(p.out, p.mode == ScaleMode::kPlain ? 16 : 8));

@@ -25,7 +25,10 @@ namespace te {
 // What the kernel writes. kAmaxOnly is the first pass of current scaling: amax of the unrounded FP32 values,
 // no output. kCurrent reads that amax from `amax`, derives the scale (SPEC §4.4) and rounds the value to the
 // input dtype before scaling; kDelayed scales the unrounded value and max-accumulates into `amax`.
-enum class ScaleMode : int { kPlain = 0, kDelayed = 1, kCurrent = 2, kAmaxOnly = 3 };
+// kNvfp4 (CUDA only, aligned rows, no dbias; SPEC §5.1 FUSED_ACTIVATION_AMAX_NVFP4 without RHT, SR or 2-D tiles):
+// the values rnd_in(act) as NVFP4 with the global amax of a previous kAmaxOnly pass; `out` holds the packed
+// rowwise codes [rows, out_cols/2], `out_t` the packed transposed codes [out_cols, rows/2] (rows % 16 == 0).
+enum class ScaleMode : int { kPlain = 0, kDelayed = 1, kCurrent = 2, kAmaxOnly = 3, kNvfp4 = 4 };
 
 struct ActKernelParams {
   const void* x = nullptr;
@@ -37,10 +40,15 @@ struct ActKernelParams {
   float* scale_inv = nullptr;       // [1] written as fl(1/scale) by FP8 modes
   const float* noop = nullptr;      // [1] optional: 1.0 means write nothing
   float* dbias_partial = nullptr;   // [act_dbias_blocks(rows, cols), out_cols] FP32 column sums of the values
-  // MXFP8 rowwise (the CUDA streaming path of quantize_mxfp8): E8M0 scales [roundup(rows, 128),
-  // roundup(out_cols / 32, 4)], compact or GEMM-swizzled; `out` holds the codes.
-  uint8_t* mx_scale = nullptr;
-  bool mx_swizzled = false;
+  // Block scales of the CUDA block-format paths, compact or GEMM-swizzled (blk_swizzled):
+  //   MXFP8 rowwise (quantize_mxfp8's streaming path): blk_scale E8M0 [roundup(rows, 128), roundup(out_cols/32, 4)].
+  //   NVFP4 (ScaleMode::kNvfp4): blk_scale E4M3 [roundup(rows, 128), roundup(out_cols/16, 4)] of `out`, blk_scale_t
+  //   E4M3 [roundup(out_cols, 128), roundup(rows/16, 4)] of `out_t`; the global amax is read from `amax`, and
+  //   copied to nv_amax_out[0..1] where those are set.
+  uint8_t* blk_scale = nullptr;
+  uint8_t* blk_scale_t = nullptr;
+  float* nv_amax_out[2] = {nullptr, nullptr};
+  bool blk_swizzled = false;
   int64_t rows = 0;
   int64_t cols = 0;
   ActArgs act;

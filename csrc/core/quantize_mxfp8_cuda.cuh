@@ -292,32 +292,65 @@ __device__ __forceinline__ void mx_scale_padding(const Mxfp8Params& p, const MxG
 
 // ---- Warp-tile kernel: both copies of a unary forward op, no dbias ----------------------------------------------
 // Each warp owns whole 32 x 64 tiles (no block barriers): lane l takes the 8 columns 8*(l%8).. of rows
-// 8*(l/8)..+7, all 8 rows loaded before any math. Pass 1 per row: the op, rnd_in, the rowwise 1x32 block (4 lanes,
+// 8*(l/8)..+7. While a tile is computed, the lane's 8 chunks of the warp's next tile are in flight through cp.async
+// into its own shared-memory slots (two stages; a lane reads back only what it copied, so no barrier is needed). Pass 1 per row: the op, rnd_in, the rowwise 1x32 block (4 lanes,
 // two shuffles), its codes and scale; the values stay in registers as the input dtype (exact: they were rounded to
 // it) and the column maxima accumulate. Then the column maxima over the 4 row groups (two shuffles per column),
 // the columnwise scales, and pass 2 encodes the columnwise codes from the kept values.
 constexpr int kMxWarpRows = 8;  // rows per lane
+constexpr int kMxWarpStages = 2;
+
+// Shared memory of the warp-tile kernel: the tables (if any), then per warp and stage 8 rows x 32 lanes of chunks.
+template <typename InT, bool kLut> struct MxWarpLayout {
+  static constexpr size_t kLutBytes = kLut ? act_cuda::LutPlan<ActOp<Identity, false>, false>::kBytes : 0;
+  static constexpr size_t kStageBytes = size_t(kMxWarpRows) * 32 * sizeof(Vec8<InT>);
+  static constexpr size_t kBytes = kLutBytes + size_t(kMxWarps) * kMxWarpStages * kStageBytes;
+};
 
 template <class Op, typename InT, bool kLut>
 __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Params p, const MxGeom geo) {
   static_assert(!Op::kGated, "unary ops only");
-  extern __shared__ float mxw_lut[];
+  using WL = MxWarpLayout<InT, kLut>;
+  extern __shared__ __align__(16) unsigned char mxw_smem[];
+  const float* mxw_lut = reinterpret_cast<const float*>(mxw_smem);
   if (p.noop != nullptr && *p.noop == 1.0f) return;
-  if constexpr (kLut) act_cuda::lut_fill<Op, false, kMxThreads>(mxw_lut, p.act);
   const int64_t rows = p.rows, out_cols = geo.out_cols;
-  const InT* x = static_cast<const InT*>(p.x);
-  const int lane = threadIdx.x % 32, cc = lane % 8, rg = lane / 8;
-  const int64_t warps = int64_t(gridDim.x) * (kMxThreads / 32);
-  for (int64_t t = int64_t(blockIdx.x) * (kMxThreads / 32) + threadIdx.x / 32; t < geo.n_tiles; t += warps) {
+  const char* x = static_cast<const char*>(p.x);
+  const int lane = threadIdx.x % 32, cc = lane % 8, rg = lane / 8, warp = threadIdx.x / 32;
+  const int64_t warps = int64_t(gridDim.x) * kMxWarps;
+  // This lane's slot for row i of a stage.
+  auto slot = [&](int stage, int i) {
+    return mxw_smem + WL::kLutBytes + (warp * kMxWarpStages + stage) * WL::kStageBytes +
+           (i * 32 + lane) * sizeof(Vec8<InT>);
+  };
+  auto issue = [&](int64_t t, int stage) {
+    if (t < geo.n_tiles) {
+      const int64_t tr = t / geo.n_col_tiles, tc = t - tr * geo.n_col_tiles;
+      const int64_t c0 = tc * kMxTileCols + cc * kVec, r0 = tr * kMxTileRows + rg * kMxWarpRows;
+#pragma unroll
+      for (int i = 0; i < kMxWarpRows; ++i) {
+        const bool ok = c0 < out_cols && r0 + i < rows;
+        const int64_t off = ok ? ((r0 + i) * out_cols + c0) * int64_t(sizeof(InT)) : 0;
+#pragma unroll
+        for (int b = 0; b < int(sizeof(Vec8<InT>)); b += 16) act_cuda::cp_async16(slot(stage, i) + b, x + off + b, ok);
+      }
+    }
+    act_cuda::cp_async_commit();  // an empty group past the last tile keeps the wait count uniform
+  };
+  int64_t t = int64_t(blockIdx.x) * kMxWarps + warp;
+  issue(t, 0);
+  if constexpr (kLut) act_cuda::lut_fill<Op, false, kMxThreads>(const_cast<float*>(mxw_lut), p.act);  // overlaps
+  for (int it = 0; t < geo.n_tiles; ++it, t += warps) {
+    const int stage = it % kMxWarpStages;
+    issue(t + warps, (it + 1) % kMxWarpStages);
+    act_cuda::cp_async_wait<kMxWarpStages - 1>();
     const int64_t tr = t / geo.n_col_tiles, tc = t - tr * geo.n_col_tiles;
     const int64_t c0 = tc * kMxTileCols + cc * kVec;
     const int64_t r0 = tr * kMxTileRows + rg * kMxWarpRows;
     const bool col_ok = c0 < out_cols;
     Vec8<InT> keep[kMxWarpRows];
 #pragma unroll
-    for (int i = 0; i < kMxWarpRows; ++i) {
-      if (col_ok && r0 + i < rows) keep[i] = *reinterpret_cast<const Vec8<InT>*>(x + (r0 + i) * out_cols + c0);
-    }
+    for (int i = 0; i < kMxWarpRows; ++i) keep[i] = *reinterpret_cast<const Vec8<InT>*>(slot(stage, i));
     float cmax[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) cmax[k] = 0.0f;
@@ -360,6 +393,7 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
       mx_store8(p.col_data + (r0 + i) * out_cols + c0, mx_encode8(q, 1.0f, p.e4m3), true);
     }
   }
+  act_cuda::cp_async_wait<0>();
   mx_scale_padding(p, geo);
 }
 
@@ -367,7 +401,8 @@ template <class Op, typename T>
 void launch_mxfp8_warp(const Mxfp8Params& p, const MxGeom& geo, cudaStream_t stream) {
   constexpr bool kLut = Op::Fn::kTabulate && std::is_same<T, bf16_t>::value;
   constexpr auto kernel = mxfp8_warp_kernel<Op, T, kLut>;
-  const size_t smem = kLut ? act_cuda::LutPlan<Op, false>::kBytes : 0;
+  static_assert(!kLut || MxWarpLayout<T, kLut>::kLutBytes == act_cuda::LutPlan<Op, false>::kBytes, "table bytes");
+  const size_t smem = MxWarpLayout<T, kLut>::kBytes;
   const int per_sm = std::max(1, act_cuda::resident_per_sm<kernel>(kMxThreads, smem));
   const int64_t warp_tiles_per_block = kMxThreads / 32;
   const int64_t blocks = std::min((geo.n_tiles + warp_tiles_per_block - 1) / warp_tiles_per_block,
@@ -405,8 +440,8 @@ template <class Op, bool kBwd> void launch_mxfp8(DType in_dtype, const Mxfp8Para
     ap.grad = p.grad;
     ap.out = p.row_data;
     ap.noop = p.noop;
-    ap.mx_scale = p.row_scale;
-    ap.mx_swizzled = p.swizzled;
+    ap.blk_scale = p.row_scale;
+    ap.blk_swizzled = p.swizzled;
     ap.rows = p.rows;
     ap.cols = p.cols;
     ap.act = p.act;

@@ -29,21 +29,22 @@ constexpr uint32_t kRhtSignMask = 0xD7E8u;
 
 // ---- E2M1 ------------------------------------------------------------------------------------------------------
 // FP32 -> E2M1 nibble, RNE with saturation at 6 (SPEC §2 thresholds, ties to the even code); sign bit of v; NaN -> 0x7.
+// The magnitude code counts the thresholds |v| lies past (branch-free; the same sum on host and device).
 TE_HD uint8_t e2m1_encode(float v) {
   const uint32_t x = float_bits(v);
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) return 0x7;
   const uint8_t sign = uint8_t((x >> 28) & 0x8u);
   const float a = bits_float(x & 0x7FFFFFFFu);
-  uint8_t c;
-  if (a <= 0.25f) c = 0;
-  else if (a < 0.75f) c = 1;
-  else if (a <= 1.25f) c = 2;
-  else if (a < 1.75f) c = 3;
-  else if (a <= 2.5f) c = 4;
-  else if (a < 3.5f) c = 5;
-  else if (a <= 5.0f) c = 6;
-  else c = 7;
+  const int c = int(a > 0.25f) + int(a >= 0.75f) + int(a > 1.25f) + int(a >= 1.75f) + int(a > 2.5f) +
+                int(a >= 3.5f) + int(a > 5.0f);
   return uint8_t(sign | c);
+}
+
+// Eight values times `enc`, round to nearest: eight nibbles, element 2j in the low nibble of byte j.
+TE_HD uint32_t nvfp4_pack8(const float v[8], float enc) {
+  uint32_t w = 0u;
+  for (int k = 0; k < 8; ++k) w |= uint32_t(e2m1_encode(v[k] * enc)) << (4 * k);
+  return w;
 }
 
 TE_HD float e2m1_decode(uint8_t code) {
@@ -149,17 +150,18 @@ TE_HD void rht16(const float v[16], uint32_t sign_mask, float y[16]) {
 // S_dec; `bits` (may be null: RNE) supplies the stochastic-rounding bytes. Writes 8 packed bytes.
 TE_HD void nvfp4_encode_block(const float v[16], uint8_t sf, float s_dec, const Philox4* bits, uint8_t out[8]) {
   const float enc = nvfp4_block_multiplier(sf, s_dec);
-  for (int j = 0; j < 8; ++j) {
-    uint8_t lo, hi;
-    if (bits != nullptr) {
-      const uint32_t w = bits->v[j >> 1];
-      const int sh = (j & 1) * 16;
-      lo = e2m1_encode_sr(v[2 * j] * enc, (w >> sh) & 0xFFu);
-      hi = e2m1_encode_sr(v[2 * j + 1] * enc, (w >> (sh + 8)) & 0xFFu);
-    } else {
-      lo = e2m1_encode(v[2 * j] * enc);
-      hi = e2m1_encode(v[2 * j + 1] * enc);
+  if (bits == nullptr) {
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t w = nvfp4_pack8(v + 8 * h, enc);
+      for (int j = 0; j < 4; ++j) out[4 * h + j] = uint8_t(w >> (8 * j));
     }
+    return;
+  }
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t w = bits->v[j >> 1];
+    const int sh = (j & 1) * 16;
+    const uint8_t lo = e2m1_encode_sr(v[2 * j] * enc, (w >> sh) & 0xFFu);
+    const uint8_t hi = e2m1_encode_sr(v[2 * j + 1] * enc, (w >> (sh + 8)) & 0xFFu);
     out[j] = uint8_t(lo | (hi << 4));
   }
 }

@@ -295,6 +295,35 @@ void run_nvfp4_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec
   }
   const bool identity = r.kind == te::ActKind::kIdentity && !r.backward;
   const bool rht_col = spec.rht() && spec.columnwise;
+  auto aligned = [](const Tensor& t, int bytes) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % bytes == 0; };
+  if (x.is_cuda() && !rht_col && !spec.two_d() && !spec.stochastic_rounding() && !r.with_dbias &&
+      geo.cols % te::kNvBlock == 0 && aligned(x, 16) && (!r.grad || aligned(*r.grad, 16)) &&
+      (!spec.rowwise || aligned(o.row_data, 4))) {
+    // CUDA, FUSED_ACTIVATION_AMAX_NVFP4 in two passes over x: the amax of the unrounded values, then the op
+    // recomputed and both copies quantized from rnd_in(act(x)) in one kernel (ScaleMode::kNvfp4).
+    Tensor amax = at::empty({1}, f32);  // a temporary: a noop launch leaves the tensor's amax fields untouched
+    zero_floats(amax);
+    te::ActKernelParams pa = base;
+    pa.mode = te::ScaleMode::kAmaxOnly;
+    pa.out = nullptr;
+    pa.out_t = nullptr;
+    pa.dbias_partial = nullptr;
+    pa.amax = amax.data_ptr<float>();
+    run_activation(r.kind, r.backward, dt, pa, x);
+    te::ActKernelParams pq = base;
+    pq.mode = te::ScaleMode::kNvfp4;
+    pq.amax = amax.data_ptr<float>();
+    pq.out = spec.rowwise ? o.row_data.data_ptr() : nullptr;
+    pq.blk_scale = spec.rowwise ? o.row_scale_inv.data_ptr<uint8_t>() : nullptr;
+    pq.out_t = spec.columnwise ? o.col_data.data_ptr<uint8_t>() : nullptr;
+    pq.blk_scale_t = spec.columnwise ? o.col_scale_inv.data_ptr<uint8_t>() : nullptr;
+    pq.nv_amax_out[0] = spec.rowwise ? o.amax_row.data_ptr<float>() : nullptr;
+    pq.nv_amax_out[1] = spec.columnwise ? o.amax_col.data_ptr<float>() : nullptr;
+    pq.blk_swizzled = spec.swizzled();
+    pq.dbias_partial = nullptr;
+    run_activation(r.kind, r.backward, dt, pq, x);
+    return;
+  }
   Tensor amax = at::empty({2}, f32);  // [rowwise, columnwise] global amaxes of this call
   zero_floats(amax);
   float* amax_ptr = amax.data_ptr<float>();
