@@ -1179,5 +1179,12 @@ void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
 
 // Explicit instantiation of the launcher of one activation in one direction (kBwd = false / true); each act_*.cu
 // translation unit instantiates one family in one direction so the build parallelises.
-#define TE_INSTANTIATE_ACT_CUDA(code, F, gated, bwd) \
+// The NVFP4 kernels of the same op are instantiated in their own translation unit (TE_INSTANTIATE_NVFP4_CUDA), so
+// the build stays parallel.
+#define TE_INSTANTIATE_ACT_CUDA(code, F, gated, bwd)                                                             \
+  extern template void te::act_cuda::launch_nvfp4_act<te::ActOp<te::F, gated>, bwd>(                            \
+      te::DType, const te::ActKernelParams&, cudaStream_t);                                                      \
   template void te::act_cuda::launch_act<te::ActOp<te::F, gated>, bwd>(te::DType, const te::ActKernelParams&, cudaStream_t);
+#define TE_INSTANTIATE_NVFP4_CUDA(code, F, gated, bwd)                                                           \
+  template void te::act_cuda::launch_nvfp4_act<te::ActOp<te::F, gated>, bwd>(te::DType, const te::ActKernelParams&, \
+                                                                            cudaStream_t);

@@ -1,11 +1,7 @@
-// Instantiates the CUDA forward activation kernels (plain / FP8 and MXFP8) of the GELU family.
-#include "quantize_mxfp8_cuda.cuh"
+// Instantiates the CUDA forward activation kernels (plain / FP8) of the GELU family.
+#include "act_cuda.cuh"
 
 TE_INSTANTIATE_ACT_CUDA(kGelu, Gelu, false, false)
 TE_INSTANTIATE_ACT_CUDA(kGeglu, Gelu, true, false)
 TE_INSTANTIATE_ACT_CUDA(kQgelu, QGelu, false, false)
 TE_INSTANTIATE_ACT_CUDA(kQgeglu, QGelu, true, false)
-TE_INSTANTIATE_MXFP8_CUDA(kGelu, Gelu, false, false)
-TE_INSTANTIATE_MXFP8_CUDA(kGeglu, Gelu, true, false)
-TE_INSTANTIATE_MXFP8_CUDA(kQgelu, QGelu, false, false)
-TE_INSTANTIATE_MXFP8_CUDA(kQgeglu, QGelu, true, false)
