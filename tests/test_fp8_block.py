@@ -350,11 +350,12 @@ def test_bgrad_quantize(device, dtype, block_dim):
 PIECES = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv")
 
 
+@pytest.mark.parametrize("shape", [(196, 260), (200, 264)])  # CUDA: the tile kernel, the pipelined one
 @pytest.mark.parametrize("block_dim", BLOCK_DIMS)
-def test_quantize_into_and_noop(device, block_dim):
+def test_quantize_into_and_noop(device, block_dim, shape):
     tex = tex_module()
     q = fbq("e4m3", block_dim)
-    x1, x2 = wide_random((196, 260), torch.bfloat16), uniform((196, 260), torch.bfloat16)
+    x1, x2 = wide_random(shape, torch.bfloat16), uniform(shape, torch.bfloat16)
     out = q.make_empty(x1.shape, dtype=x1.dtype, device=device)
     ptrs = [getattr(out, k).data_ptr() for k in PIECES]
     res = tex.quantize(x1.to(device), q, output=out)
@@ -612,7 +613,8 @@ def _mixed(shape, dtype, seed, bits=False):
     return x[torch.randperm(x.numel(), generator=g)].reshape(shape)
 
 
-CUDA_SHAPES = SMALL_SHAPES + [(1, 4100), (4100, 1), (129, 8), (8, 129), (3, 127, 264)]
+# (136, 264) and (8, 24): rows and cols multiples of 8, so the pipelined CUDA kernel, with ragged tiles.
+CUDA_SHAPES = SMALL_SHAPES + [(1, 4100), (4100, 1), (129, 8), (8, 129), (3, 127, 264), (136, 264), (8, 24)]
 CUDA_BIG_SHAPES = [(2000, 2000), (4096, 1536)]
 
 
