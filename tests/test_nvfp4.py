@@ -775,6 +775,19 @@ def test_cuda_parity_fused_tile_edges(name, dtype):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(256, 4096), (1024, 4096)], ids=lambda s: "x".join(map(str, s)))
+def test_cuda_parity_fused_many_tiles(shape):
+    """Normal inputs over many column tiles (the benchmark's small shape and one with several tiles per block):
+    CUDA bytes equal the CPU's for both copies and for the rowwise copy alone."""
+    tex = tex_module()
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(21)).to(torch.bfloat16)
+    for usage in USAGES:
+        q = nvq(*usage)
+        assert_nv_same(tex.gelu(x.cuda(), q), tex.gelu(x, q), f"gelu {shape} {usage}")
+        assert_nv_same(tex.quantize(x.cuda(), q), tex.quantize(x, q), f"quantize {shape} {usage}")
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", sorted(ref.DBIAS_NAMES))
 def test_cuda_parity_dbias(name):
     tex = tex_module()
