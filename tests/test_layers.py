@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import DEVICE_PARAMS, HAS_CUDA, capture_graph, tex_module
+from helpers import CAPTURE_WARMUPS, DEVICE_PARAMS, HAS_CUDA, capture_graph, tex_module
 
 tex = tex_module()
 
@@ -639,10 +639,20 @@ def test_cuda_graph_training_step_replays_bit_identically(recipe):
         y.float().square().mean().backward()
         return y
 
-    # Warm-up on the twin to create the same delayed state in both models: capture_graph runs fn 3 times.
+    def assert_same_delayed_state(k):
+        for ma, mb in zip(model, twin):
+            for name in ("fp8_fwd_scale", "fp8_fwd_amax_history", "fp8_bwd_scale", "fp8_bwd_amax_history"):
+                assert torch.equal(getattr(ma, name), getattr(mb, name)), (k, name)
+
+    # The same warm-up steps on the twin, so both start from the same delayed state: capture_graph executes fn
+    # CAPTURE_WARMUPS times; its captured call is recorded, not run (a third eager step here would put the twin's
+    # backward histories and scales one update ahead: same outputs, different gradients).
     graph, static_y = capture_graph(lambda: step(model, static_x))
-    for _ in range(3):
+    for _ in range(CAPTURE_WARMUPS):
         step(twin, static_x.detach().clone().requires_grad_())
+    torch.cuda.synchronize()
+    if recipe == "delayed":
+        assert_same_delayed_state("after warm-up")
     for k in range(3):
         new_x = torch.randn(256, 256, device=dev, dtype=torch.bfloat16)
         static_x.data.copy_(new_x)
@@ -655,8 +665,7 @@ def test_cuda_graph_training_step_replays_bit_identically(recipe):
         for pa, pb in zip(model.parameters(), twin.parameters()):
             assert torch.equal(pa.grad, pb.grad), k
         if recipe == "delayed":
-            for ma, mb in zip(model, twin):
-                assert torch.equal(ma.fp8_fwd_scale, mb.fp8_fwd_scale)
+            assert_same_delayed_state(k)
 
 
 @pytest.mark.cuda
