@@ -135,13 +135,19 @@ def check_float8_tensor(qt, shape, dtype, fmt, rowwise=True, columnwise=True):
         assert qt._transpose is None
 
 
+# How many times capture_graph runs `fn` for real. The captured call only records kernels (nothing runs until
+# replay), so state that `fn` updates on the device (delayed-scaling amax histories, scales) has advanced this many
+# steps when capture_graph returns; an eager twin must take the same number of steps.
+CAPTURE_WARMUPS = 2
+
+
 def capture_graph(fn):
-    """Warms `fn` up twice on a side stream (as torch.cuda.graphs recommends), then captures one call in a
-    CUDA graph. Returns (graph, fn's return value from the capture)."""
+    """Warms `fn` up CAPTURE_WARMUPS times on a side stream (as torch.cuda.graphs recommends), then captures one
+    call in a CUDA graph (recorded, not run). Returns (graph, fn's return value from the capture)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(2):
+        for _ in range(CAPTURE_WARMUPS):
             fn()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()

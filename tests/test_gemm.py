@@ -477,15 +477,20 @@ def test_not_yet_supported_format(tex):
 def _fake_block_tensor(cls_name, row, col, is_2d=False):
     """A stand-in for a block-format tensor class (MXFP8Tensor, ...): its two "copies" hold plain values that
     differ, so the test sees which copy the GEMM used. Real classes dequantize codes; the GEMM only calls
-    dequantize() on the copy it picked (SPEC §6.7)."""
+    dequantize() on a view (_map) holding the copy it picked (SPEC §6.7)."""
     tex = tex_module()
 
     def dequantize(self, dtype=None):
         src = self._rowwise_data if self._rowwise_data is not None else self._columnwise_data
         return src.to(dtype or self.dtype)
 
+    def _map(self, fn):  # the same tensor with fn applied to each buffer (the GEMM takes views this way)
+        m = lambda t: None if t is None else fn(t)  # noqa: E731
+        return _fake_block_tensor(cls_name, m(self._rowwise_data), m(self._columnwise_data), self._is_2D_scaled)
+
     cls = type(cls_name, (tex.QuantizedTensor,), {
         "dequantize": dequantize,
+        "_map": _map,
         "device": property(lambda self: (self._rowwise_data if self._rowwise_data is not None
                                          else self._columnwise_data).device)})
     t = cls(row.shape if row is not None else col.shape, torch.bfloat16)

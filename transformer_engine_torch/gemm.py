@@ -7,8 +7,6 @@ picks the stored copy each operand needs (SPEC §6.4) and passes its codes, scal
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
@@ -72,7 +70,9 @@ def _emulated_operands(A, transA, B, transB, layout):
             raise ValueError(f"generic_gemm: {name} ({_describe(x)}) is used {use}"
                              f" (layout {layout}) in a {fmt} GEMM, which needs {name}'s {field[1:-5]} copy; quantize "
                              f"it with {field[1:-5]}=True")
-        y = copy.copy(x)  # a view that holds only the copy to use: dequantize reads rowwise first, else columnwise
+        # A view that holds only the copy to use (dequantize reads rowwise first, else columnwise); built by the
+        # class's _map, as copy.copy is not traced by torch 2.11's dynamo (fullgraph compile of a layer fails).
+        y = x._map(lambda t: t)
         if not rowwise:
             y._rowwise_data = None
         out.append(y.dequantize(torch.float32 if x.device.type == "cpu" else torch.bfloat16))

@@ -91,7 +91,13 @@ class Quantizer:
         return isinstance(other, Quantizer) and self._config() == other._config()
 
     def __hash__(self):
-        return hash(self._config())
+        try:
+            return hash(self._config())
+        except AttributeError:
+            # An instance whose __init__ has not run yet. torch 2.11's dynamo makes one when a quantizer is built
+            # inside a compiled region (object.__new__, the constructor's writes kept aside until the graph is
+            # done) and hashes it when the quantizer is called (a membership test that catches only TypeError).
+            return hash(type(self))
 
 
 class _Float8PerTensorQuantizer(Quantizer):
