@@ -88,7 +88,9 @@ def main():
                "mxfp8 (emulated on sm_90)": tex.MXFP8BlockScaling(),
                "nvfp4 (emulated on sm_90)": tex.NVFP4BlockScaling()}
     # validation bound: max |out - bf16 eager| over max |bf16 eager|; E2M1 operands are coarser than FP8 ones
-    bound = {"tex nvfp4 (emulated on sm_90)": 0.25}
+    # (E2M1 operands: about 1/6 relative error per element in both GEMMs, more after swiglu's product; a wrong layout
+    # or scale gives errors of the output's own size)
+    bound = {"tex nvfp4 (emulated on sm_90)": 0.5}
     rows = []
     for act in args.acts:
         for tokens in args.tokens:
