@@ -458,6 +458,22 @@ template <int kPending> __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// A block of kLanes consecutive lanes x 8 values (all active or all idle together): v = the values rounded to the
+// input dtype (rnd_in, SPEC §5.1), returns the amax of the whole block.
+template <typename InT, int kLanes>
+__device__ __forceinline__ float round8_block_amax(const float (&raw)[kVec], float (&v)[kVec]) {
+  float a = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    v[k] = round_to<InT>(raw[k]);
+    a = amax_update(a, v[k]);
+  }
+  const unsigned group = ((1u << kLanes) - 1u) << (threadIdx.x & (32u - kLanes));
+#pragma unroll
+  for (int o = 1; o < kLanes; o *= 2) a = amax_update(a, __shfl_xor_sync(group, a, o));
+  return a;
+}
+
 // MXFP8 rowwise output of one chunk (kOut == kMxRow, SPEC §4.5): the values rounded to the input dtype, the
 // amax of their 1x32 block over the 4 lanes holding it (consecutive lanes, all active or all idle together), the
 // E8M0 code, the codes; the first lane of the block stores the scale at (row r, block j).
@@ -465,15 +481,7 @@ template <typename InT>
 __device__ __forceinline__ void emit8_mx_row(const float (&raw)[kVec], const ActKernelParams& p, int64_t off,
                                              int64_t r, int64_t j, int64_t out_cols) {
   float v[kVec];
-  float a = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    v[k] = round_to<InT>(raw[k]);
-    a = amax_update(a, v[k]);
-  }
-  const unsigned group = 0xFu << (threadIdx.x & 28u);
-  a = amax_update(a, __shfl_xor_sync(group, a, 1));
-  a = amax_update(a, __shfl_xor_sync(group, a, 2));
+  const float a = round8_block_amax<InT, 4>(raw, v);
   const uint8_t e = mx_block_code(a, p.e4m3);
   const float m = e8m0_multiplier(e);
   const uint2 w = p.e4m3 ? encode8_t<float, false, true>(v, m) : encode8_t<float, false, false>(v, m);
@@ -524,13 +532,7 @@ template <typename InT>
 __device__ __forceinline__ void emit8_nv_row(const float (&raw)[kVec], const ActKernelParams& p, const NvGlobal& gs,
                                              int64_t off, int64_t r, int64_t j, int64_t out_cols) {
   float v[kVec];
-  float a = 0.0f;
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) {
-    v[k] = round_to<InT>(raw[k]);
-    a = amax_update(a, v[k]);
-  }
-  a = amax_update(a, __shfl_xor_sync(0x3u << (threadIdx.x & 30u), a, 1));
+  const float a = round8_block_amax<InT, 2>(raw, v);
   const uint8_t sf = nvfp4_block_scale(a, gs.s_enc);
   *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(p.out) + off / 2) =
       nvfp4_pack8(v, nvfp4_block_multiplier(sf, gs.s_dec));
