@@ -188,6 +188,52 @@ class Float8Tensor(QuantizedTensor):
         return out
 
 
+class _TwoCopyTensor(QuantizedTensor):
+    """Base of the block-scaled tensors (MXFP8, FP8 block, NVFP4): a rowwise and a columnwise copy, each its data,
+    scale_inv and (per class) further fields named in _COPY_FIELDS; `_map(fn, shape, ...)` rebuilds the tensor with
+    `fn` applied to every buffer."""
+
+    _ROW, _COL, _BUFFERS = "_rowwise_data", "_columnwise_data", ("_rowwise_data", "_columnwise_data")
+    _COPY_FIELDS = {"rowwise": ("_rowwise_data", "_rowwise_scale_inv"),
+                    "columnwise": ("_columnwise_data", "_columnwise_scale_inv")}
+
+    def clone(self):
+        return self._map(lambda t: t.clone())
+
+    def to(self, device):
+        return self._map(lambda t: t.to(device))
+
+    def _view_shape(self, shape):
+        """The shape a view(*shape) asks for; only leading dims may change (the scales are laid out over the
+        flattened [M, K] and shared)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+            shape = tuple(shape[0])
+        new_shape = torch.empty(self._shape, device="meta").view(*shape).shape
+        if len(new_shape) == 0 or (len(self._shape) and new_shape[-1] != self._shape[-1]):
+            raise ValueError(f"{type(self).__name__}.view: only leading dims may change (shape "
+                             f"{tuple(self._shape)}), got {tuple(new_shape)}")
+        return new_shape
+
+    def update_usage(self, rowwise_usage=None, columnwise_usage=None):
+        """Provides a requested copy that is absent (_provide_copy), or drops one (never the last)."""
+        for want, name in ((rowwise_usage, "rowwise"), (columnwise_usage, "columnwise")):
+            if want and getattr(self, f"_{name}_data") is None:
+                self._provide_copy(name)
+        for want, name, other in ((rowwise_usage, "rowwise", "_columnwise_data"),
+                                  (columnwise_usage, "columnwise", "_rowwise_data")):
+            if want is False:
+                if getattr(self, other) is None:
+                    raise RuntimeError(f"{type(self).__name__}.update_usage: dropping the {name} copy would leave "
+                                       f"no data")
+                for field in self._COPY_FIELDS[name]:
+                    setattr(self, field, None)
+
+    def _provide_copy(self, name):
+        """By default a copy cannot be derived from the other (each is quantized from the high-precision values)."""
+        raise RuntimeError(f"{type(self).__name__}.update_usage: the {name} copy is absent and cannot be derived from "
+                           f"the other one; quantize the high-precision tensor again with {name}=True")
+
+
 # ---- MXFP8 ---------------------------------------------------------------------------------------------------
 MX_BLOCK = 32
 
@@ -255,15 +301,13 @@ def e8m0_to_float32(codes):
     return bits.view(torch.float32)
 
 
-class MXFP8Tensor(QuantizedTensor):
+class MXFP8Tensor(_TwoCopyTensor):
     """MXFP8 (SPEC §4.5, §4.9): `_rowwise_data` and `_columnwise_data` are uint8 FP8 codes, both of `shape` (the
     columnwise copy is NOT transposed; its blocks run down the rows). `_rowwise_scale_inv` is uint8 E8M0
     [roundup(M, 128), roundup(K/32, 4)], `_columnwise_scale_inv` uint8 E8M0 [roundup(ceil(M/32), 4),
     roundup(K, 128)], padding zero; byte e means 2^(e - 127). E8M0 is stored as torch.uint8 (TE-compatible);
     `rowwise_scale_inv` / `columnwise_scale_inv` are `torch.float8_e8m0fnu` views where torch has that dtype.
     `_with_gemm_swizzled_scales`: the scale bytes are in cuBLASLt's swizzled layout (same shapes)."""
-
-    _ROW, _COL, _BUFFERS = "_rowwise_data", "_columnwise_data", ("_rowwise_data", "_columnwise_data")
 
     def __init__(self, *, shape=None, dtype=torch.float32, rowwise_data=None, columnwise_data=None,
                  rowwise_scale_inv=None, columnwise_scale_inv=None, fp8_dtype=DType.kFloat8E4M3, quantizer=None,
@@ -324,22 +368,6 @@ class MXFP8Tensor(QuantizedTensor):
         v = data.reshape(m, k).view(to_torch_dtype(self._fp8_dtype)).to(torch.float32)
         return (v * f).to(dtype).reshape(self._shape)
 
-    def update_usage(self, rowwise_usage=None, columnwise_usage=None):
-        """Drops a copy, or checks a requested one exists: an MXFP8 copy cannot be derived from the other (each is
-        quantized from the high-precision values), so a missing one must be re-quantized."""
-        for want, name in ((rowwise_usage, "rowwise"), (columnwise_usage, "columnwise")):
-            if want and getattr(self, f"_{name}_data") is None:
-                raise RuntimeError(f"MXFP8Tensor.update_usage: the {name} copy is absent and cannot be derived from "
-                                   f"the other one; quantize the high-precision tensor again with {name}=True")
-        if rowwise_usage is False:
-            if self._columnwise_data is None:
-                raise RuntimeError("MXFP8Tensor.update_usage: dropping the rowwise copy would leave no data")
-            self._rowwise_data = self._rowwise_scale_inv = None
-        if columnwise_usage is False:
-            if self._rowwise_data is None:
-                raise RuntimeError("MXFP8Tensor.update_usage: dropping the columnwise copy would leave no data")
-            self._columnwise_data = self._columnwise_scale_inv = None
-
     def _map(self, fn, shape=None, data_fn=None):
         data_fn = data_fn or fn
         m = lambda f, t: None if t is None else f(t)  # noqa: E731
@@ -348,20 +376,9 @@ class MXFP8Tensor(QuantizedTensor):
                                     m(data_fn, self._columnwise_data), m(fn, self._columnwise_scale_inv),
                                     self._fp8_dtype, self._with_gemm_swizzled_scales, self._quantizer)
 
-    def clone(self):
-        return self._map(lambda t: t.clone())
-
-    def to(self, device):
-        return self._map(lambda t: t.to(device))
-
     def view(self, *shape):
         """Exact view changing only leading dims (the scales, laid out over the flattened [M, K], are shared)."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
-            shape = tuple(shape[0])
-        new_shape = torch.empty(self._shape, device="meta").view(*shape).shape
-        if len(new_shape) == 0 or (len(self._shape) and new_shape[-1] != self._shape[-1]):
-            raise ValueError(f"MXFP8Tensor.view: only leading dims may change (last dim {self._shape[-1]}), "
-                             f"got {tuple(new_shape)}")
+        new_shape = self._view_shape(shape)
         return self._map(lambda t: t, new_shape, lambda t: t.view(new_shape))
 
     reshape = view
@@ -390,13 +407,11 @@ def _block_factors(scale, rows, cols, rows_per_entry, cols_per_entry, scale_is_t
     return s.repeat_interleave(rows_per_entry, 0)[:rows].repeat_interleave(cols_per_entry, 1)[:, :cols]
 
 
-class Float8BlockwiseQTensor(QuantizedTensor):
+class Float8BlockwiseQTensor(_TwoCopyTensor):
     """FP8 with one float32 scale per 1x128 block or 128x128 tile (SPEC §4.7, §4.9). `_rowwise_data` uint8 of
     `shape`; `_columnwise_data` uint8 TRANSPOSED `(K,) + shape[:-1]` (x^T quantized along its rows: 128x1 blocks of
     x for 1-D, the bitwise transpose for 2-D). `_rowwise_scale_inv` / `_columnwise_scale_inv` float32 of the
     padded SPEC §4.8 shapes (fp8_block_scale_shapes), padding zero. `_is_2D_scaled`: 128x128 tiles."""
-
-    _ROW, _COL, _BUFFERS = "_rowwise_data", "_columnwise_data", ("_rowwise_data", "_columnwise_data")
 
     def __init__(self, *, shape=None, dtype=torch.float32, rowwise_data=None, columnwise_data=None,
                  rowwise_scale_inv=None, columnwise_scale_inv=None, fp8_dtype=DType.kFloat8E4M3, quantizer=None,
@@ -458,29 +473,14 @@ class Float8BlockwiseQTensor(QuantizedTensor):
             out = out.t()
         return out.reshape(self._shape)
 
-    def update_usage(self, rowwise_usage=None, columnwise_usage=None):
-        """Drops a copy, or provides a requested one. 2-D: a missing copy is the bitwise transpose of the other, with
-        the tile scales transposed. 1-D: each copy is quantized from the high-precision values, so a missing one
-        cannot be derived."""
-        for want, name in ((rowwise_usage, "rowwise"), (columnwise_usage, "columnwise")):
-            if want and getattr(self, f"_{name}_data") is None:
-                other = "columnwise" if name == "rowwise" else "rowwise"
-                if not self._is_2D_scaled or getattr(self, f"_{other}_data") is None:
-                    raise RuntimeError(f"Float8BlockwiseQTensor.update_usage: the {name} copy is absent and cannot be "
-                                       f"derived (1x128 blocks quantize each copy from the high-precision values); "
-                                       f"quantize the high-precision tensor again with {name}=True")
-                self._derive_2d(name)
-        if rowwise_usage is False:
-            if self._columnwise_data is None:
-                raise RuntimeError("Float8BlockwiseQTensor.update_usage: dropping the rowwise copy would leave no data")
-            self._rowwise_data = self._rowwise_scale_inv = None
-        if columnwise_usage is False:
-            if self._rowwise_data is None:
-                raise RuntimeError("Float8BlockwiseQTensor.update_usage: dropping the columnwise copy would leave no "
-                                   "data")
-            self._columnwise_data = self._columnwise_scale_inv = None
-
-    def _derive_2d(self, name):
+    def _provide_copy(self, name):
+        """2-D: a missing copy is the bitwise transpose of the other, with the tile scales transposed. 1-D: each copy
+        is quantized from the high-precision values, so a missing one cannot be derived."""
+        other = "columnwise" if name == "rowwise" else "rowwise"
+        if not self._is_2D_scaled or getattr(self, f"_{other}_data") is None:
+            raise RuntimeError(f"Float8BlockwiseQTensor.update_usage: the {name} copy is absent and cannot be "
+                               f"derived (1x128 blocks quantize each copy from the high-precision values); "
+                               f"quantize the high-precision tensor again with {name}=True")
         m, k = _rows_cols(self._shape)
         (rs, cs) = fp8_block_scale_shapes(self._shape, True)
         mb, kb = _ceil_div(m, FP8_BLOCK_LEN), _ceil_div(k, FP8_BLOCK_LEN)
@@ -502,20 +502,9 @@ class Float8BlockwiseQTensor(QuantizedTensor):
                                                m(fn, self._columnwise_scale_inv), self._fp8_dtype, self._is_2D_scaled,
                                                self._quantizer)
 
-    def clone(self):
-        return self._map(lambda t: t.clone())
-
-    def to(self, device):
-        return self._map(lambda t: t.to(device))
-
     def view(self, *shape):
         """Exact view changing only leading dims (the scales, laid out over the flattened [M, K], are shared)."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
-            shape = tuple(shape[0])
-        new_shape = torch.empty(self._shape, device="meta").view(*shape).shape
-        if len(new_shape) == 0 or (len(self._shape) and new_shape[-1] != self._shape[-1]):
-            raise ValueError(f"Float8BlockwiseQTensor.view: only leading dims may change (shape "
-                             f"{tuple(self._shape)}), got {tuple(new_shape)}")
+        new_shape = self._view_shape(shape)
         return self._map(lambda t: t, new_shape, lambda t: t.view(new_shape),
                          lambda t: t.view(_transposed_shape(new_shape)))
 
@@ -570,7 +559,7 @@ def rht_matrix(sign_mask=RHT_SIGN_MASK, dtype=torch.float32, device=None):
     return (s[:, None] * h / 4).to(dtype=dtype, device=device)
 
 
-class NVFP4Tensor(QuantizedTensor):
+class NVFP4Tensor(_TwoCopyTensor):
     """NVFP4 (SPEC §4.6, §4.9): `_rowwise_data` uint8 `shape[:-1] + (K/2,)` (two E2M1 codes per byte, even element
     in the low nibble), `_columnwise_data` uint8 2-D `[K, M/2]` holding the codes of the transpose (Hadamard-
     transformed when the quantizer has with_rht). Scales: uint8 E4M3 `[roundup(M, 128), roundup(K/16, 4)]` and
@@ -578,8 +567,9 @@ class NVFP4Tensor(QuantizedTensor):
     `_amax_rowwise` / `_amax_columnwise`: float32 [1] global amaxes (not S_enc). Data is uint8 (TE-compatible);
     `rowwise_data` / `columnwise_data` are `torch.float4_e2m1fn_x2` views where torch has that dtype."""
 
-    _ROW, _COL = "_rowwise_data", "_columnwise_data"
     _BUFFERS = ("_rowwise_data", "_columnwise_data", "_amax_rowwise", "_amax_columnwise")
+    _COPY_FIELDS = {"rowwise": ("_rowwise_data", "_rowwise_scale_inv", "_amax_rowwise"),
+                    "columnwise": ("_columnwise_data", "_columnwise_scale_inv", "_amax_columnwise")}
 
     def __init__(self, *, shape=None, dtype=torch.float32, rowwise_data=None, columnwise_data=None,
                  rowwise_scale_inv=None, columnwise_scale_inv=None, amax_rowwise=None, amax_columnwise=None,
@@ -657,22 +647,6 @@ class NVFP4Tensor(QuantizedTensor):
             v = v.t()
         return v.to(dtype).reshape(self._shape)
 
-    def update_usage(self, rowwise_usage=None, columnwise_usage=None):
-        """Drops a copy, or checks a requested one exists: an NVFP4 copy cannot be derived from the other (each is
-        quantized from the high-precision values, the columnwise one possibly Hadamard-transformed)."""
-        for want, name in ((rowwise_usage, "rowwise"), (columnwise_usage, "columnwise")):
-            if want and getattr(self, f"_{name}_data") is None:
-                raise RuntimeError(f"NVFP4Tensor.update_usage: the {name} copy is absent and cannot be derived from "
-                                   f"the other one; quantize the high-precision tensor again with {name}=True")
-        if rowwise_usage is False:
-            if self._columnwise_data is None:
-                raise RuntimeError("NVFP4Tensor.update_usage: dropping the rowwise copy would leave no data")
-            self._rowwise_data = self._rowwise_scale_inv = self._amax_rowwise = None
-        if columnwise_usage is False:
-            if self._rowwise_data is None:
-                raise RuntimeError("NVFP4Tensor.update_usage: dropping the columnwise copy would leave no data")
-            self._columnwise_data = self._columnwise_scale_inv = self._amax_columnwise = None
-
     def _map(self, fn, shape=None, row_fn=None):
         row_fn = row_fn or fn
         m = lambda f, t: None if t is None else f(t)  # noqa: E731
@@ -682,21 +656,10 @@ class NVFP4Tensor(QuantizedTensor):
                                     m(fn, self._amax_rowwise), m(fn, self._amax_columnwise),
                                     self._with_gemm_swizzled_scales, self._quantizer)
 
-    def clone(self):
-        return self._map(lambda t: t.clone())
-
-    def to(self, device):
-        return self._map(lambda t: t.to(device))
-
     def view(self, *shape):
         """Exact view changing only leading dims (scales and the 2-D columnwise copy are laid out over the
         flattened [M, K] and shared)."""
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
-            shape = tuple(shape[0])
-        new_shape = torch.empty(self._shape, device="meta").view(*shape).shape
-        if len(new_shape) == 0 or (len(self._shape) and new_shape[-1] != self._shape[-1]):
-            raise ValueError(f"NVFP4Tensor.view: only leading dims may change (last dim {self._shape[-1]}), "
-                             f"got {tuple(new_shape)}")
+        new_shape = self._view_shape(shape)
         row_shape = tuple(new_shape[:-1]) + (new_shape[-1] // 2,)
         return self._map(lambda t: t, new_shape, lambda t: t.view(row_shape))
 
