@@ -537,6 +537,35 @@ QOutBias bgrad_quantize(const Tensor& x, TE_QSPEC_PARAMS) {
   return run_quantizing_with_bias(r, TE_QSPEC_ARGS("bgrad_quantize", x));
 }
 
+// The caller's buffers of a block-format output (quantize_into): a copy is written when the quantizer asks for it
+// and both its buffers are given; each given buffer must have the format's shape, dtype and device.
+struct BlockCopyShapes {
+  at::DimVector row_data, row_scale, col_data, col_scale;
+  at::ScalarType scale_dtype;
+  const char* col_data_name;
+};
+void take_block_buffers(QuantSpec& spec, QuantOutputs& o, const BlockCopyShapes& shapes, const std::string& format,
+                        const c10::optional<Tensor>& row_data, const c10::optional<Tensor>& row_scale_inv,
+                        const c10::optional<Tensor>& col_data, const c10::optional<Tensor>& col_scale_inv,
+                        const Tensor& x, const char* op) {
+  spec.rowwise = spec.rowwise && row_data.has_value() && row_scale_inv.has_value();
+  spec.columnwise = spec.columnwise && col_data.has_value() && col_scale_inv.has_value();
+  TORCH_CHECK_VALUE(spec.rowwise || spec.columnwise, op, ": the ", format,
+                    " output has no buffers for the requested usage");
+  if (spec.rowwise) {
+    o.row_data = *row_data;
+    o.row_scale_inv = *row_scale_inv;
+    check_buffer(o.row_data, shapes.row_data, at::kByte, x, op, "_rowwise_data");
+    check_buffer(o.row_scale_inv, shapes.row_scale, shapes.scale_dtype, x, op, "_rowwise_scale_inv");
+  }
+  if (spec.columnwise) {
+    o.col_data = *col_data;
+    o.col_scale_inv = *col_scale_inv;
+    check_buffer(o.col_data, shapes.col_data, at::kByte, x, op, shapes.col_data_name);
+    check_buffer(o.col_scale_inv, shapes.col_scale, shapes.scale_dtype, x, op, "_columnwise_scale_inv");
+  }
+}
+
 void quantize_into(const Tensor& x, TE_QSPEC_PARAMS, const c10::optional<Tensor>& row_data,
                    const c10::optional<Tensor>& row_scale_inv, const c10::optional<Tensor>& col_data,
                    const c10::optional<Tensor>& col_scale_inv) {
@@ -557,67 +586,30 @@ void quantize_into(const Tensor& x, TE_QSPEC_PARAMS, const c10::optional<Tensor>
     check_buffer(amax_pair, {2}, at::kFloat, x, op, "amax pair [_amax_rowwise, _amax_columnwise]");
     spec.amax.reset();
     const te::Nvfp4ScaleShapes ss = te::nvfp4_scale_shapes(geo.rows, geo.out_cols);
-    spec.rowwise = spec.rowwise && row_data.has_value() && row_scale_inv.has_value();
-    spec.columnwise = spec.columnwise && col_data.has_value() && col_scale_inv.has_value();
-    TORCH_CHECK_VALUE(spec.rowwise || spec.columnwise, op, ": the NVFP4 output has no buffers for the requested usage");
-    if (spec.rowwise) {
-      at::DimVector shape = geo.out_shape;
-      shape.back() = geo.out_cols / 2;
-      o.row_data = *row_data;
-      o.row_scale_inv = *row_scale_inv;
-      o.amax_row = amax_pair.narrow(0, 0, 1);
-      check_buffer(o.row_data, shape, at::kByte, x, op, "_rowwise_data");
-      check_buffer(o.row_scale_inv, {ss.row_r, ss.row_c}, at::kByte, x, op, "_rowwise_scale_inv");
-    }
-    if (spec.columnwise) {
-      o.col_data = *col_data;
-      o.col_scale_inv = *col_scale_inv;
-      o.amax_col = amax_pair.narrow(0, 1, 1);
-      check_buffer(o.col_data, {geo.out_cols, geo.rows / 2}, at::kByte, x, op, "_columnwise_data");
-      check_buffer(o.col_scale_inv, {ss.col_r, ss.col_c}, at::kByte, x, op, "_columnwise_scale_inv");
-    }
+    at::DimVector packed = geo.out_shape;
+    packed.back() = geo.out_cols / 2;
+    take_block_buffers(spec, o, {packed, {ss.row_r, ss.row_c}, {geo.out_cols, geo.rows / 2}, {ss.col_r, ss.col_c},
+                                 at::kByte, "_columnwise_data"},
+                       "NVFP4", row_data, row_scale_inv, col_data, col_scale_inv, x, op);
+    if (spec.rowwise) o.amax_row = amax_pair.narrow(0, 0, 1);
+    if (spec.columnwise) o.amax_col = amax_pair.narrow(0, 1, 1);
     activation_helper(r, spec, &o);
     return;
   }
   if (spec.kind == te::QuantKind::kMxfp8) {
     check_mxfp8_shape(r, geo, spec);
     const te::Mxfp8ScaleShapes ss = te::mxfp8_scale_shapes(geo.rows, geo.out_cols);
-    spec.rowwise = spec.rowwise && row_data.has_value() && row_scale_inv.has_value();
-    spec.columnwise = spec.columnwise && col_data.has_value() && col_scale_inv.has_value();
-    TORCH_CHECK_VALUE(spec.rowwise || spec.columnwise, op, ": the MXFP8 output has no buffers for the requested usage");
-    if (spec.rowwise) {
-      o.row_data = *row_data;
-      o.row_scale_inv = *row_scale_inv;
-      check_buffer(o.row_data, geo.out_shape, at::kByte, x, op, "_rowwise_data");
-      check_buffer(o.row_scale_inv, {ss.row_r, ss.row_c}, at::kByte, x, op, "_rowwise_scale_inv");
-    }
-    if (spec.columnwise) {
-      o.col_data = *col_data;
-      o.col_scale_inv = *col_scale_inv;
-      check_buffer(o.col_data, geo.out_shape, at::kByte, x, op, "_columnwise_data");
-      check_buffer(o.col_scale_inv, {ss.col_r, ss.col_c}, at::kByte, x, op, "_columnwise_scale_inv");
-    }
+    take_block_buffers(spec, o, {geo.out_shape, {ss.row_r, ss.row_c}, geo.out_shape, {ss.col_r, ss.col_c}, at::kByte,
+                                 "_columnwise_data"},
+                       "MXFP8", row_data, row_scale_inv, col_data, col_scale_inv, x, op);
     activation_helper(r, spec, &o);
     return;
   }
   if (spec.kind == te::QuantKind::kFp8Block) {
     const te::Fp8BlockScaleShapes ss = te::fp8_block_scale_shapes(geo.rows, geo.out_cols, spec.block_dim == 2);
-    spec.rowwise = spec.rowwise && row_data.has_value() && row_scale_inv.has_value();
-    spec.columnwise = spec.columnwise && col_data.has_value() && col_scale_inv.has_value();
-    TORCH_CHECK_VALUE(spec.rowwise || spec.columnwise, op, ": the ", spec.fp8_block_name(),
-                      " output has no buffers for the requested usage");
-    if (spec.rowwise) {
-      o.row_data = *row_data;
-      o.row_scale_inv = *row_scale_inv;
-      check_buffer(o.row_data, geo.out_shape, at::kByte, x, op, "_rowwise_data");
-      check_buffer(o.row_scale_inv, {ss.row_r, ss.row_c}, at::kFloat, x, op, "_rowwise_scale_inv");
-    }
-    if (spec.columnwise) {
-      o.col_data = *col_data;
-      o.col_scale_inv = *col_scale_inv;
-      check_buffer(o.col_data, geo.transposed_shape(), at::kByte, x, op, "_columnwise_data (transposed)");
-      check_buffer(o.col_scale_inv, {ss.col_r, ss.col_c}, at::kFloat, x, op, "_columnwise_scale_inv");
-    }
+    take_block_buffers(spec, o, {geo.out_shape, {ss.row_r, ss.row_c}, geo.transposed_shape(), {ss.col_r, ss.col_c},
+                                 at::kFloat, "_columnwise_data (transposed)"},
+                       spec.fp8_block_name(), row_data, row_scale_inv, col_data, col_scale_inv, x, op);
     activation_helper(r, spec, &o);
     return;
   }
