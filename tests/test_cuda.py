@@ -368,3 +368,64 @@ def test_parity_bf16_tables_dbias(name, forced, monkeypatch):
     assert_same(res["cpu"][1], res["cuda"][1], f"{name} grad_input")
     rtol = 4 * ref.TOL[torch.bfloat16][0]
     assert ref.within_tol(cpu(res["cuda"][0]), res["cpu"][0], rtol, 1e-4)
+
+
+# ---- amax pass by shape ----------------------------------------------------------------------------------------
+# The read-only amax pass of a unary forward op on bf16 keeps per-run candidates of x and evaluates the functor only
+# at them (act_amax_shape_kernel). Inputs that make the answer come from each run: huge negatives (the tails where
+# the exp clamps and |f| rises again), the valleys and peaks of |f| on the negative side, tiny positives.
+AMAX_REGIMES = {
+    "neg": [(0x8000, 0xFF80)],                                  # every negative, -inf included
+    "valleys": [(0xC100, 0xC1FF), (0xC240, 0xC2BF), (0x0000, 0x3C00)],
+    "peaks": [(0xBF00, 0xBFCF), (0xC2A0, 0xC2C0), (0x3000, 0x3800)],
+    "huge_neg": [(0xC300, 0xFF7F)],
+    "neg_and_tiny": [(0x8000, 0xFF7F), (0x0000, 0x0080)],
+    "any": [(0x0000, 0xFFFF)],                                  # NaN and Inf included
+}
+
+
+def _amax_regime(regime, shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    n = math.prod(shape)
+    ranges = AMAX_REGIMES[regime]
+    pick = torch.randint(0, len(ranges), (n,), generator=g)
+    codes = torch.empty(n, dtype=torch.int32)
+    for i, (lo, hi) in enumerate(ranges):
+        sel = pick == i
+        codes[sel] = torch.randint(lo, hi + 1, (int(sel.sum()),), generator=g, dtype=torch.int32)
+    return codes.to(torch.int16).view(torch.bfloat16).reshape(shape)
+
+
+AMAX_SHAPES = [(8,), (40,), (64, 1024), (512, 1024)]  # 1 to 64 blocks of the pass
+
+
+@pytest.mark.parametrize("regime", sorted(AMAX_REGIMES))
+@pytest.mark.parametrize("name", ["gelu", "qgelu", "silu", "relu", "srelu", "quantize"])
+def test_parity_amax_pass_by_shape(name, regime):
+    tex = tex_module()
+    for shape in AMAX_SHAPES:
+        for seed in range(6 if math.prod(shape) < 1024 else 1):
+            x = _amax_regime(regime, shape, seed)
+            outs = {}
+            for dev in ["cpu", "cuda"]:
+                q = current_quantizer("e4m3", columnwise=False)
+                xd = x.to(dev)
+                outs[dev] = tex.quantize(xd, q) if name == "quantize" else getattr(tex, name)(xd, q)
+            assert_same(outs["cpu"], outs["cuda"], f"{name} {regime} {shape} seed {seed}")
+
+
+@pytest.mark.parametrize("regime", sorted(AMAX_REGIMES))
+def test_parity_compute_amax_and_nvfp4_amax_by_shape(regime):
+    tex = tex_module()
+    for shape in AMAX_SHAPES:
+        for seed in range(3 if math.prod(shape) < 1024 else 1):
+            x = _amax_regime(regime, shape, seed)
+            amax = {dev: torch.zeros(1, device=dev) for dev in ["cpu", "cuda"]}
+            for dev in amax:
+                tex.compute_amax(x.to(dev), amax[dev])
+            assert ref.bits_equal(amax["cpu"], cpu(amax["cuda"])), f"compute_amax {regime} {shape} seed {seed}"
+            if shape[-1] % 16 == 0:
+                n = {dev: tex.gelu(x.to(dev), tex.NVFP4Quantizer(rowwise=True, columnwise=False))
+                     for dev in ["cpu", "cuda"]}
+                assert ref.bits_equal(n["cpu"]._amax_rowwise, cpu(n["cuda"]._amax_rowwise)), \
+                    f"NVFP4 gelu amax {regime} {shape} seed {seed}"
