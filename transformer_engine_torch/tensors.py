@@ -197,6 +197,19 @@ class _TwoCopyTensor(QuantizedTensor):
     _COPY_FIELDS = {"rowwise": ("_rowwise_data", "_rowwise_scale_inv"),
                     "columnwise": ("_columnwise_data", "_columnwise_scale_inv")}
 
+    def _set_copies(self, row, row_si, col, col_si):
+        self._rowwise_data, self._rowwise_scale_inv = row, row_si
+        self._columnwise_data, self._columnwise_scale_inv = col, col_si
+
+    @classmethod
+    def _bare(cls, shape, dtype, quantizer, row, row_si, col, col_si):
+        """The start of a `_from_op`: a tensor of what a quantizing op returned, header and both copies set without
+        `__init__`'s keyword parsing (trusted arguments); the caller sets its class's own fields."""
+        t = object.__new__(cls)
+        t._shape, t._dtype, t._quantizer, t.requires_grad = shape, dtype, quantizer, False
+        t._set_copies(row, row_si, col, col_si)
+        return t
+
     def clone(self):
         return self._map(lambda t: t.clone())
 
@@ -318,20 +331,14 @@ class MXFP8Tensor(_TwoCopyTensor):
                 raise ValueError("MXFP8Tensor: give `shape` or a data buffer")
             shape = data.shape
         super().__init__(shape, dtype, quantizer, requires_grad)
-        self._rowwise_data = rowwise_data
-        self._columnwise_data = columnwise_data
-        self._rowwise_scale_inv = rowwise_scale_inv
-        self._columnwise_scale_inv = columnwise_scale_inv
+        self._set_copies(rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv)
         self._fp8_dtype = as_fp8_dtype(fp8_dtype)
         self._with_gemm_swizzled_scales = bool(with_gemm_swizzled_scales)
 
     @classmethod
     def _from_op(cls, shape, dtype, row, row_si, col, col_si, fp8_dtype, swizzled, quantizer):
         """The tensor of what a quantizing op returned (trusted arguments, no keyword parsing)."""
-        t = object.__new__(cls)
-        t._shape, t._dtype, t._quantizer, t.requires_grad = shape, dtype, quantizer, False
-        t._rowwise_data, t._rowwise_scale_inv = row, row_si
-        t._columnwise_data, t._columnwise_scale_inv = col, col_si
+        t = cls._bare(shape, dtype, quantizer, row, row_si, col, col_si)
         t._fp8_dtype, t._with_gemm_swizzled_scales = fp8_dtype, swizzled
         return t
 
@@ -424,20 +431,14 @@ class Float8BlockwiseQTensor(_TwoCopyTensor):
             else:
                 raise ValueError("Float8BlockwiseQTensor: give `shape` or a data buffer")
         super().__init__(shape, dtype, quantizer, requires_grad)
-        self._rowwise_data = rowwise_data
-        self._columnwise_data = columnwise_data
-        self._rowwise_scale_inv = rowwise_scale_inv
-        self._columnwise_scale_inv = columnwise_scale_inv
+        self._set_copies(rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv)
         self._fp8_dtype = as_fp8_dtype(fp8_dtype)
         self._is_2D_scaled = bool(is_2D_scaled)
 
     @classmethod
     def _from_op(cls, shape, dtype, row, row_si, col, col_si, fp8_dtype, is_2d, quantizer):
         """The tensor of what a quantizing op returned (trusted arguments, no keyword parsing)."""
-        t = object.__new__(cls)
-        t._shape, t._dtype, t._quantizer, t.requires_grad = shape, dtype, quantizer, False
-        t._rowwise_data, t._rowwise_scale_inv = row, row_si
-        t._columnwise_data, t._columnwise_scale_inv = col, col_si
+        t = cls._bare(shape, dtype, quantizer, row, row_si, col, col_si)
         t._fp8_dtype, t._is_2D_scaled = fp8_dtype, is_2d
         return t
 
@@ -581,10 +582,7 @@ class NVFP4Tensor(_TwoCopyTensor):
                                  "tell the leading dims)")
             shape = tuple(rowwise_data.shape[:-1]) + (rowwise_data.shape[-1] * 2,)
         super().__init__(shape, dtype, quantizer, requires_grad)
-        self._rowwise_data = rowwise_data
-        self._columnwise_data = columnwise_data
-        self._rowwise_scale_inv = rowwise_scale_inv
-        self._columnwise_scale_inv = columnwise_scale_inv
+        self._set_copies(rowwise_data, rowwise_scale_inv, columnwise_data, columnwise_scale_inv)
         self._amax_rowwise = amax_rowwise
         self._amax_columnwise = amax_columnwise
         if as_dtype(fp4_dtype, "NVFP4Tensor: fp4_dtype") != DType.kFloat4E2M1:
@@ -595,10 +593,8 @@ class NVFP4Tensor(_TwoCopyTensor):
     @classmethod
     def _from_op(cls, shape, dtype, row, row_si, col, col_si, amax_row, amax_col, swizzled, quantizer):
         """The tensor of what a quantizing op returned (trusted arguments, no keyword parsing)."""
-        t = object.__new__(cls)
-        t._shape, t._dtype, t._quantizer, t.requires_grad = shape, dtype, quantizer, False
-        t._rowwise_data, t._rowwise_scale_inv, t._amax_rowwise = row, row_si, amax_row
-        t._columnwise_data, t._columnwise_scale_inv, t._amax_columnwise = col, col_si, amax_col
+        t = cls._bare(shape, dtype, quantizer, row, row_si, col, col_si)
+        t._amax_rowwise, t._amax_columnwise = amax_row, amax_col
         t._fp4_dtype, t._with_gemm_swizzled_scales = DType.kFloat4E2M1, swizzled
         return t
 

@@ -62,16 +62,7 @@ template <> TE_HD float input_max_finite<bf16_t>() { return bits_float(0x7F7F000
 // 1; else fl(fp8_max / amax), an Inf result -> the input dtype's max finite; pow2 clears the mantissa (rounds
 // down to a power of two). All-zero block: scale 1, scale_inv 1, codes 0.
 TE_HD float fp8_block_scale(float amax, float fp8_max_value, float amax_epsilon, bool force_pow2, float in_max) {
-  if (amax < amax_epsilon) amax = amax_epsilon;
-  float scale;
-  if (amax == 0.0f || is_inf(amax) || is_nan(amax)) {
-    scale = 1.0f;
-  } else {
-    scale = fp8_max_value / amax;
-    if (is_inf(scale)) scale = in_max;
-  }
-  if (force_pow2) scale = bits_float(float_bits(scale) & 0xFF800000u);
-  return scale;
+  return current_scale(amax, fp8_max_value, amax_epsilon, force_pow2, in_max);
 }
 
 // Offsets of the scale of rowwise block (r, j) / columnwise block (i, c) in the 1-D layouts, and of tile (i, j) in

@@ -5,15 +5,17 @@
 
 namespace te {
 
-// Current scaling: scale from the amax of the tensor being cast.
-TE_HD float current_scale(float amax, float fp8_max_value, float amax_epsilon, bool force_pow2) {
+// Current scaling: scale from the amax of the tensor being cast. An infinite fp8_max / amax becomes
+// `overflow_scale` (the float max here; FP8 block scaling passes the input dtype's max finite, SPEC §4.7).
+TE_HD float current_scale(float amax, float fp8_max_value, float amax_epsilon, bool force_pow2,
+                          float overflow_scale = kFloatMax) {
   if (amax < amax_epsilon) amax = amax_epsilon;
   float scale;
   if (amax == 0.0f || is_inf(amax) || is_nan(amax)) {
     scale = 1.0f;
   } else {
     scale = fp8_max_value / amax;
-    if (is_inf(scale)) scale = kFloatMax;
+    if (is_inf(scale)) scale = overflow_scale;
   }
   if (force_pow2) scale = bits_float(float_bits(scale) & 0xFF800000u);  // round down to a power of two
   return scale;
