@@ -425,9 +425,9 @@ def test_op_level_errors(tex, device):
         g(a, None, 5, True, b, None, 6, False, e(8, 32), 6)
     with pytest.raises(ValueError, match=r"FP8 operand A needs its scale_inv"):
         g(q._data, None, 7, True, q._data, q._scale_inv, 7, False, e(32, 32), 6)
-    with pytest.raises(ValueError, match=r"per-tensor FP8 operands run as TN.*layout NN"):
+    with pytest.raises(ValueError, match=r"FP8 operands run as TN.*layout NN"):
         g(q._transpose, q._scale_inv, 7, False, q._data, q._scale_inv, 7, False, e(32, 32), 6)
-    with pytest.raises(ValueError, match=r"FP8 output needs FP8 operands"):
+    with pytest.raises(ValueError, match=r"FP8 output needs per-tensor FP8 operands"):
         g(a, None, 6, True, b, None, 6, False, e(8, 32, dt=torch.uint8), 7, D_scale=one(), D_amax=one(0.0),
           D_scale_inv=one())
     with pytest.raises(ValueError, match=r"accumulating into an FP8 output is not supported"):
@@ -441,6 +441,23 @@ def test_op_level_errors(tex, device):
         g(a, None, 6, True, b, None, 6, False, e(8, 32), 6, pre_gelu_out=e(8, 32, dt=torch.uint8), gelu=True)
     with pytest.raises(ValueError, match=r"gelu=True needs the pre_gelu_out buffer"):
         g(a, None, 6, True, b, None, 6, False, e(8, 32), 6, gelu=True)
+    # FP8 block operands (A_scaling/B_scaling 4 = 1x128, 5 = 128x128): scale matrices of the SPEC §4.8 shapes
+    codes = torch.zeros(32, 256, dtype=torch.uint8, device=device)
+    s1, s2 = e(2, 32, dt=torch.float32), e(1, 4, dt=torch.float32)  # 1x128 and 128x128 scales of [32, 256]
+    with pytest.raises(ValueError, match=r"A_scaling must be 1 \(per-tensor\), 4 .* or 5 .*got 3"):
+        g(codes, s1, 7, True, codes, s1, 7, False, e(32, 32), 6, A_scaling=3, B_scaling=4)
+    with pytest.raises(ValueError, match=r"B_scaling=4 is for FP8 operands, but B is bf16"):
+        g(a, None, 6, True, b, None, 6, False, e(8, 32), 6, B_scaling=4)
+    with pytest.raises(ValueError, match=r"A \(FP8 block 1x128, stored \[32, 256\]\) needs a contiguous float32 scale "
+                                         r"matrix \[2, 32\].*got Float \[1, 4\]"):
+        g(codes, s2, 7, True, codes, s1, 7, False, e(32, 32), 6, A_scaling=4, B_scaling=4)
+    with pytest.raises(ValueError, match=r"A is FP8 per-tensor and B is FP8 block 1x128.*one recipe"):
+        g(codes, one(), 7, True, codes, s1, 7, False, e(32, 32), 6, B_scaling=4)
+    with pytest.raises(ValueError, match=r"128x128 x 128x128 has no kernel.*block_scaling_dim=1"):
+        g(codes, s2, 7, True, codes, s2, 7, False, e(32, 32), 6, A_scaling=5, B_scaling=5)
+    if device == "cpu":
+        with pytest.raises(NotImplementedError, match=r"FP8 block operands in the CPU kernel"):
+            g(codes, s2, 7, True, codes, s1, 7, False, e(32, 32), 6, A_scaling=5, B_scaling=4)
 
 
 def test_error_devices(tex):
@@ -565,6 +582,109 @@ def test_fp8_block_operands(tex, device, layout, dims):
     if dims == (1, 1):  # the other copies give another product: the copy choice is really tested
         r2, _ = _emulated_product(A, B, layout, device, other_copies=True)
         assert (r2 - r).abs().max().item() > 1e-3 * r.abs().max().item()
+
+
+def _native_block_available(tex):
+    from transformer_engine_torch import gemm as G
+
+    return torch.cuda.is_available() and G._native_fp8_block(torch.cuda.current_device())
+
+
+def _exact_block_product(A, B, layout):
+    """(float64 op(B)·op(A) of the dequantized copies SPEC §6.4 picks, float64 op(|B|)·op(|A|)): the native block
+    GEMM multiplies the codes exactly and accumulates in FP32, so its error is a few FP32 ulps of the second."""
+    def used(t, rowwise):
+        only = t.clone()
+        only.update_usage(rowwise_usage=rowwise, columnwise_usage=not rowwise)
+        return cpu(only.dequantize(torch.float32)).to(F64)
+
+    a, b = used(A, layout[0] == "T"), used(B, layout[1] == "N")
+    ta, tb = layout[0] == "T", layout[1] == "T"
+    return op(b, tb) @ op(a, ta), op(b, tb).abs() @ op(a, ta).abs()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dims", [(1, 1), (2, 1), (1, 2)], ids=["1Dx1D", "2Dx1D", "1Dx2D"])
+@pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
+@pytest.mark.parametrize("mnk", [(160, 48, 272), (384, 200, 1024)], ids=["ragged", "large"])
+def test_cuda_fp8_block_native(tex, monkeypatch, layout, dims, mnk):
+    """SPEC §6.6: on sm_90 FP8 block operands run natively through cuBLASLt's block-scale modes (1x128 and
+    128x128 float32 scales, split accumulation): the op receives the codes with their scaling modes, and the result
+    is within the tensor cores' FP8 accumulation error (partial sums of a 128-long K block carry about 14 bits,
+    promoted to FP32 per block) of the exact float64 product of the picked copies, with non-power-of-two scales."""
+    if not _native_block_available(tex):
+        pytest.skip("native FP8 block GEMM needs sm_90 and cuBLASLt >= 12.9")
+    m, n, k = mnk
+    sa, sb = shapes_for(layout, m, n, k)
+    qa = tex.Float8BlockQuantizer(tex.DType.kFloat8E4M3, block_scaling_dim=dims[0], force_pow_2_scales=False)
+    qb = tex.Float8BlockQuantizer(tex.DType.kFloat8E5M2, block_scaling_dim=dims[1], force_pow_2_scales=False)
+
+    def ranged(shape, seed):  # rows of different magnitudes: rowwise and columnwise blocks get different scales
+        rows = torch.exp2(torch.linspace(-3.0, 3.0, shape[0], device="cuda"))[:, None]
+        return (rnd(shape, torch.float32, "cuda", seed) * rows).to(torch.bfloat16)
+
+    A, B = tex.quantize(ranged(sa, 230), qa), tex.quantize(ranged(sb, 231), qb)
+    r, mag = _exact_block_product(A, B, layout)
+    from transformer_engine_torch import gemm as G
+
+    seen = []
+    real = G._GEMM
+    monkeypatch.setattr(G, "_GEMM", lambda *a: (seen.append(a[-2:]), real(*a))[1])
+    out = cpu(tex.general_gemm(A, B, layout=layout, out_dtype=torch.float32)[0]).to(F64)
+    assert seen == [(3 + dims[0], 3 + dims[1])], "the op did not get the block codes with their scaling modes"
+    assert out.shape == (n, m)
+    bound = 2.0 ** -11 * mag + 1e-30
+    assert ((out - r).abs() <= bound).all(), f"max err/bound {((out - r).abs() / bound).max().item():.3g}"
+    assert ((out + r).abs() > bound).any(), "a wrong answer would pass"
+
+
+@pytest.mark.cuda
+def test_cuda_fp8_block_native_epilogues(tex):
+    """Native FP8 block GEMM with each epilogue (SPEC §6.2: bias and DGELU fused in cuBLASLt; GELU-aux and the
+    wgrad bias gradient run apart) and 3-D operands (the columnwise copy stored (K,) + shape[:-1])."""
+    if not _native_block_available(tex):
+        pytest.skip("native FP8 block GEMM needs sm_90 and cuBLASLt >= 12.9")
+    q2 = tex.Float8BlockQuantizer(tex.DType.kFloat8E4M3, block_scaling_dim=2)
+    q1 = tex.Float8BlockQuantizer(tex.DType.kFloat8E4M3, block_scaling_dim=1)
+    qg = tex.Float8BlockQuantizer(tex.DType.kFloat8E5M2, block_scaling_dim=1)
+    out_f, hid = 256, 384
+    w = rnd((out_f, hid), torch.bfloat16, "cuda", 240)
+    x = rnd((2, 96, hid), torch.bfloat16, "cuda", 241)
+    dy = rnd((2, 96, out_f), torch.bfloat16, "cuda", 242)
+    bias = rnd((out_f,), torch.bfloat16, "cuda", 243)
+    W, X, DY = tex.quantize(w, q2), tex.quantize(x, q1), tex.quantize(dy, qg)
+
+    def copy64(t, rowwise):
+        only = t.clone()
+        only.update_usage(rowwise_usage=rowwise, columnwise_usage=not rowwise)
+        return cpu(only.dequantize(torch.float32)).to(F64).reshape(-1, t.shape[-1])
+
+    w64, x64, dy64, b64 = copy64(W, True), copy64(X, True), copy64(DY, True), cpu(bias).to(F64)
+
+    def close(got, want, what):
+        got = cpu(got).to(F64).reshape(want.shape)
+        err = (got - want).abs().max().item()
+        assert err <= 1e-2 * want.abs().max().item() + 1e-2, f"{what}: max err {err}"
+
+    # fprop TN + bias (cuBLASLt BIAS), and + GELU (GELU-aux runs apart)
+    y = tex.general_gemm(W, X, layout="TN", bias=bias)[0]
+    assert y.shape == (2, 96, out_f)
+    close(y, x64 @ w64.t() + b64, "TN bias")
+    y, _, pre, _ = tex.general_gemm(W, X, layout="TN", bias=bias, gelu=True)
+    close(pre, x64 @ w64.t() + b64, "TN gelu pre")
+    close(y, torch.nn.functional.gelu(x64 @ w64.t() + b64, approximate="tanh"), "TN gelu")
+    # dgrad NN (W columnwise) with DGELU against a saved pre-activation
+    gelu_in = rnd((2, 96, hid), torch.bfloat16, "cuda", 244)
+    dx = tex.general_gemm(W, DY, layout="NN", gelu=True, gelu_in=gelu_in, grad=True)[0]
+    g64 = cpu(gelu_in).to(F64).reshape(-1, hid)
+    t = torch.tanh(0.7978845608028654 * (g64 + 0.044715 * g64 ** 3))
+    dgelu = 0.5 * (1 + t) + 0.5 * g64 * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * g64 ** 2)
+    close(dx, (dy64 @ copy64(W, False)) * dgelu, "NN dgelu")
+    # wgrad NT (X and dY columnwise, 3-D) with the bias gradient
+    dw, db, _, _ = tex.general_gemm(X, DY, layout="NT", grad=True, bias=bias)
+    xc, dyc = copy64(X, False), copy64(DY, False)
+    close(dw, dyc.t() @ xc, "NT wgrad")
+    close(db, dyc.sum(0), "NT bias grad")
 
 
 @pytest.mark.parametrize("layout", ["TN", "NN", "NT", "TT"])

@@ -11,7 +11,7 @@ import torch
 
 from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
 from .quantizers import Float8Quantizer, Quantizer, check_quantizer
-from .tensors import Float8Tensor, QuantizedTensor, _transposed_shape
+from .tensors import Float8BlockwiseQTensor, Float8Tensor, QuantizedTensor, _transposed_shape
 
 _GEMM = torch.ops.te.gemm.default
 _PLAIN_CODES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),
@@ -40,10 +40,9 @@ def _describe(x):
     return f"{x.dtype}{list(x.shape)}"
 
 
-def _emulated_operands(A, transA, B, transB, layout):
-    """SPEC §6.7 for block-format operands: checks the §6.5/§6.3 rules on the logical shapes, then dequantizes the
-    copy whose scaling runs along the contraction dim (A: rowwise iff transA; B: rowwise iff not transB) to bf16
-    on a GPU or exactly to FP32 on the CPU. Returns the plain operands."""
+def _block_copies(A, transA, B, transB, layout):
+    """SPEC §6.5/§6.3 rules for block-format operands on the logical shapes, then the copy each operand uses
+    (SPEC §6.4: A rowwise iff transA; B rowwise iff not transB). Returns ((A, rowwise), (B, rowwise))."""
     ka, kb = type(A).__name__, type(B).__name__
     if ka != kb:
         raise TypeError(f"generic_gemm: A ({_describe(A)}) and B ({_describe(B)}) must use one scaling format "
@@ -70,12 +69,45 @@ def _emulated_operands(A, transA, B, transB, layout):
             raise ValueError(f"generic_gemm: {name} ({_describe(x)}) is used {use}"
                              f" (layout {layout}) in a {fmt} GEMM, which needs {name}'s {field[1:-5]} copy; quantize "
                              f"it with {field[1:-5]}=True")
+        out.append((x, rowwise))
+    return out
+
+
+def _emulated_operands(copies):
+    """SPEC §6.7: the picked copies dequantized on the device to bf16 (exactly to FP32 on the CPU)."""
+    out = []
+    for x, rowwise in copies:
         # A view that holds only the copy to use (dequantize reads rowwise first, else columnwise); built by the
         # class's _map, as copy.copy is not traced by torch 2.11's dynamo (fullgraph compile of a layer fails).
         y = x._map(lambda t: t)
         if not rowwise:
             y._rowwise_data = None
         out.append(y.dequantize(torch.float32 if x.device.type == "cpu" else torch.bfloat16))
+    return out
+
+
+@torch.compiler.assume_constant_result
+def _native_fp8_block(device_index: int) -> bool:
+    """FP8 block operands run natively on sm_90 through cuBLASLt >= 12.9 (SPEC §6.6); elsewhere emulated."""
+    return (torch.cuda.get_device_capability(device_index) == (9, 0)
+            and int(torch.ops.te.cublaslt_version.default()) >= 120900)
+
+
+def _fp8_block_operands(copies):
+    """The native FP8 block GEMM's operands, always TN (SPEC §6.4): the stored copy as a 2-D [rows, K] matrix,
+    its float32 scale matrix, DType code, kernel flag and te::GemmScaling code (4 = 1x128, 5 = 128x128)."""
+    out = []
+    for i, (x, rowwise) in enumerate(copies):
+        if rowwise:
+            data, sinv = x._rowwise_data, x._rowwise_scale_inv
+            data = data.reshape(_flat2d(tuple(data.shape)))
+        else:  # stored transposed (K,) + shape[:-1]: rows = K of the logical tensor
+            data, sinv = x._columnwise_data, x._columnwise_scale_inv
+            cols = 1
+            for d in data.shape[1:]:
+                cols *= d
+            data = data.reshape(data.shape[0], cols)
+        out.append((data, sinv, int(x._fp8_dtype), i == 0, 5 if x._is_2D_scaled else 4))
     return out
 
 
@@ -135,10 +167,17 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     layout = ("T" if transA else "N") + ("T" if transB else "N")
     check_quantizer("generic_gemm", quantizer)
     nominal = A.dtype
+    a_scaling = b_scaling = 0
     if type(A).__name__ in _EMULATED or type(B).__name__ in _EMULATED:
-        A, B = _emulated_operands(A, transA, B, transB, layout)
-    a, a_sinv, a_code, ta = _operand("A", A, transA, layout)
-    b, b_sinv, b_code, tb = _operand("B", B, transB, layout)
+        copies = _block_copies(A, transA, B, transB, layout)
+        if (isinstance(A, Float8BlockwiseQTensor) and A.device.type == "cuda"
+                and _native_fp8_block(A.device.index if A.device.index is not None else 0)):
+            (a, a_sinv, a_code, ta, a_scaling), (b, b_sinv, b_code, tb, b_scaling) = _fp8_block_operands(copies)
+        else:
+            A, B = _emulated_operands(copies)
+    if a_scaling == 0:
+        a, a_sinv, a_code, ta = _operand("A", A, transA, layout)
+        b, b_sinv, b_code, tb = _operand("B", B, transB, layout)
     fp8_in = a_sinv is not None
     if a.device != b.device:
         raise ValueError(f"generic_gemm: operands must be on one device, got A {_describe(A)} on {a.device}, "
@@ -160,7 +199,7 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
         raise ValueError("generic_gemm: accumulate=True needs D, the output to accumulate into")
     out_shape = _out_shape(A, transA, B, transB)
     dev = a.device
-    fp8_out = isinstance(quantizer, Float8Quantizer) and fp8_in
+    fp8_out = isinstance(quantizer, Float8Quantizer) and fp8_in and a_scaling == 0  # blocks: GEMM, then quantize
     hp16 = to_torch_dtype(bias_type, "generic_gemm: bias_type") if bias_type is not None else torch.bfloat16
     if hp16 not in FLOAT_DTYPES:
         raise TypeError(f"generic_gemm: bias_type must be float32, float16 or bfloat16, got {hp16}")
@@ -216,7 +255,7 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
         workspace = None
     _GEMM(a, a_sinv, a_code, ta, b, b_sinv, b_code, tb, d_buf, d_code, op_bias, bias_grad, pre_gelu,
           gelu_in if (gelu and grad) else None, d_scale, d_amax, d_sinv, workspace, int(workspace_size or 0),
-          bool(gelu), bool(grad), bool(use_split_accumulator), float(alpha), float(beta))
+          bool(gelu), bool(grad), bool(use_split_accumulator), float(alpha), float(beta), a_scaling, b_scaling)
 
     if fp8_out:
         out = d_user if d_user is not None else Float8Tensor._from_op(

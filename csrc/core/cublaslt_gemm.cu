@@ -115,27 +115,31 @@ void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const T&
   check_lt(cublasLtMatmulDescSetAttribute(d, a, &v, sizeof(T)), name, g);
 }
 
-// The one switch over scale modes (SPEC §6.6): per-tensor FP8 passes its scale_inv pointer; the block formats
-// are named and refused until their tensors and kernels land.
+bool is_fp8_block(GemmScaling s) { return s == GemmScaling::kFp8Block1d || s == GemmScaling::kFp8Block2d; }
+
+// The one switch over scale modes (SPEC §6.6): per-tensor FP8 passes its scale_inv pointer, FP8 blocks their
+// float32 scale matrices (the stored layouts of SPEC §4.8 are cuBLASLt's: 1x128 rows-contiguous per K block,
+// 128x128 K-blocks contiguous per row tile); MXFP8 and NVFP4 are refused here (emulated by the caller on sm_90).
 void set_operand_scaling(cublasLtMatmulDesc_t desc, const GemmOperand& x, bool is_a, const GemmArgs& g) {
-  const cublasLtMatmulDescAttributes_t ptr_attr =
-      is_a ? CUBLASLT_MATMUL_DESC_A_SCALE_POINTER : CUBLASLT_MATMUL_DESC_B_SCALE_POINTER;
+  int32_t mode = 0;
   switch (x.scaling) {
     case GemmScaling::kNone: return;
-    case GemmScaling::kFp8PerTensor: {
-      const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
-      set_attr(desc, is_a ? CUBLASLT_MATMUL_DESC_A_SCALE_MODE : CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode,
-               "scale mode", g);
-      set_attr(desc, ptr_attr, static_cast<const void*>(x.scale_inv), "scale pointer", g);
-      return;
-    }
+    case GemmScaling::kFp8PerTensor: mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F; break;
+#if CUBLAS_VERSION >= 120900
+    case GemmScaling::kFp8Block1d: mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F; break;
+    case GemmScaling::kFp8Block2d: mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F; break;
+#else
+    case GemmScaling::kFp8Block1d:
+    case GemmScaling::kFp8Block2d:
+#endif
     case GemmScaling::kMxfp8:
     case GemmScaling::kNvfp4:
-    case GemmScaling::kFp8Block1d:
-    case GemmScaling::kFp8Block2d: break;
+      core_fail(std::string("generic_gemm: not yet supported: ") + gemm_scaling_name(x.scaling) + " operand " +
+                (is_a ? "A" : "B") + " in the cuBLASLt path (" + describe(g) + ")");
   }
-  core_fail(std::string("generic_gemm: not yet supported: ") + gemm_scaling_name(x.scaling) + " operand " +
-            (is_a ? "A" : "B") + " in the cuBLASLt path (" + describe(g) + ")");
+  set_attr(desc, is_a ? CUBLASLT_MATMUL_DESC_A_SCALE_MODE : CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode, "scale mode", g);
+  set_attr(desc, is_a ? CUBLASLT_MATMUL_DESC_A_SCALE_POINTER : CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+           static_cast<const void*>(x.scale_inv), "scale pointer", g);
 }
 
 cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
@@ -171,46 +175,37 @@ Canonical canonicalize(const GemmArgs& g) {
   c.lda = g.a.cols;
   c.ldb = g.b.cols;
   c.ldd = c.dims.m;
-  // Hopper/Ada FP8 kernels exist for TN only; the bridge picks the stored copies so that this holds.
-  if ((g.a.scaling == GemmScaling::kFp8PerTensor || g.b.scaling == GemmScaling::kFp8PerTensor) &&
-      !(g.a.trans && !g.b.trans)) {
-    core_fail("generic_gemm: per-tensor FP8 operands must reach cuBLASLt as TN (A transposed, B not); pass the "
-              "copy whose scaling runs along the contraction dim (" + describe(g) + ")");
+  // Hopper/Ada FP8 kernels (per-tensor and block) exist for TN only; the bridge picks the stored copies so that
+  // this holds.
+  if (g.a.scaling != GemmScaling::kNone && !(g.a.trans && !g.b.trans)) {
+    core_fail("generic_gemm: FP8 operands must reach cuBLASLt as TN (A transposed, B not); pass the copy whose "
+              "scaling runs along the contraction dim (" + describe(g) + ")");
+  }
+  // FP8 block scaling on sm_90 has kernels for these epilogues only (SPEC §6.2); the caller runs the rest apart.
+  if (is_fp8_block(g.a.scaling) && g.epilogue != GemmEpilogue::kNone && g.epilogue != GemmEpilogue::kBias &&
+      g.epilogue != GemmEpilogue::kDGelu) {
+    throw GemmNoKernel(std::string("generic_gemm: FP8 block scaling has no fused ") +
+                       gemm_epilogue_name(g.epilogue) + " epilogue (" + describe(g) + ")");
   }
   return c;
 }
 
-}  // namespace
-
-size_t cublaslt_version() { return cublasLtGetVersion(); }
-
-void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
-  const Canonical c = canonicalize(g);
-  if (c.dims.m == 0 || c.dims.n == 0 || c.dims.k == 0) {
-    core_fail("generic_gemm: the cuBLASLt path needs m, n, k > 0; the bridge handles empty GEMMs (" + describe(g) +
-              ")");
-  }
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
-  cublasLtHandle_t handle = handle_for(dev, g);
-
+// The matmul descriptor of a request: compute type, ops, operand scaling, FP8 output fields and the epilogue.
+void make_desc(Desc& desc, const GemmArgs& g, const Canonical& c) {
   const bool fp8_in = is_fp8(g.a.dtype) || is_fp8(g.b.dtype);
   const bool fp32_in = g.a.dtype == DType::kFloat32;
   const cublasComputeType_t compute =
       (fp32_in && g.allow_tf32) ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-
-  Desc desc;
   check_lt(cublasLtMatmulDescCreate(&desc.d, compute, CUDA_R_32F), "descriptor creation", g);
   set_attr(desc.d, CUBLASLT_MATMUL_DESC_TRANSA, c.op_a, "TRANSA", g);
   set_attr(desc.d, CUBLASLT_MATMUL_DESC_TRANSB, c.op_b, "TRANSB", g);
   set_operand_scaling(desc.d, g.a, true, g);
   set_operand_scaling(desc.d, g.b, false, g);
   if (fp8_in) {
-    const int8_t fast = g.fast_accum ? 1 : 0;
+    const int8_t fast = (g.fast_accum && !is_fp8_block(g.a.scaling)) ? 1 : 0;  // block scaling always splits
     set_attr(desc.d, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast, "FAST_ACCUM", g);
   }
-  const bool fp8_out = is_fp8(g.d_dtype);
-  if (fp8_out) {
+  if (is_fp8(g.d_dtype)) {
     set_attr(desc.d, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(g.d_scale), "D_SCALE_POINTER", g);
     set_attr(desc.d, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(g.d_amax), "AMAX_D_POINTER", g);
   }
@@ -242,6 +237,25 @@ void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
       set_attr(desc.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, at, "AUX_DATA_TYPE", g);
     }
   }
+}
+
+}  // namespace
+
+size_t cublaslt_version() { return cublasLtGetVersion(); }
+
+void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
+  const Canonical c = canonicalize(g);
+  if (c.dims.m == 0 || c.dims.n == 0 || c.dims.k == 0) {
+    core_fail("generic_gemm: the cuBLASLt path needs m, n, k > 0; the bridge handles empty GEMMs (" + describe(g) +
+              ")");
+  }
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  cublasLtHandle_t handle = handle_for(dev, g);
+
+  Desc desc;
+  make_desc(desc, g, c);
+  const bool fp8_out = is_fp8(g.d_dtype);
 
   // C is D (read only when beta != 0). With an FP8 D, C must be 16-bit; beta is 0 there (the bridge refuses
   // accumulation into FP8), so C is described as bias-typed and never read.

@@ -22,8 +22,9 @@
 
 namespace te {
 
-// How an operand's values are scaled. Only kNone and kFp8PerTensor have kernels here; the others are named so
-// that the scale-mode switch (one place) can refuse them with the format's name until their tensors arrive.
+// How an operand's values are scaled. kNone and kFp8PerTensor run everywhere; the FP8 block modes run natively
+// through cuBLASLt on sm_90 (the CPU kernel refuses them: the Python wrapper dequantizes exactly there); MXFP8 and
+// NVFP4 are named so that the scale-mode switch (one place) can refuse them with the format's name.
 enum class GemmScaling : int { kNone = 0, kFp8PerTensor = 1, kMxfp8 = 2, kNvfp4 = 3, kFp8Block1d = 4, kFp8Block2d = 5 };
 
 // Epilogue applied after alpha·op(B)op(A) + beta·D_in (SPEC §6.2).
@@ -46,7 +47,9 @@ struct GemmOperand {
   int64_t rows = 0, cols = 0;
   DType dtype = DType::kBFloat16;
   GemmScaling scaling = GemmScaling::kNone;
-  const float* scale_inv = nullptr;  // per-tensor FP8: [1] float32 on the operand's device
+  // float32 on the operand's device. Per-tensor FP8: [1]. FP8 block, for the stored [rows, cols] matrix (cols = K):
+  // 1x128 [ceil(cols/128), roundup(rows, 4)] (rows contiguous); 128x128 [ceil(rows/128), roundup(ceil(cols/128), 4)].
+  const float* scale_inv = nullptr;
   bool trans = false;
 };
 

@@ -33,9 +33,22 @@ te::DType dtype_code(int64_t code, const char* what) {
   return static_cast<te::DType>(code);
 }
 
-// Checks an operand tensor against its declared DType code and returns the core operand.
+bool is_fp8_block(te::GemmScaling s) {
+  return s == te::GemmScaling::kFp8Block1d || s == te::GemmScaling::kFp8Block2d;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The float32 scale matrix an FP8 block operand of `rows` x `cols` (cols = K) carries (SPEC §4.8): 1x128
+// [ceil(cols/128), roundup(rows, 4)], 128x128 [ceil(rows/128), roundup(ceil(cols/128), 4)].
+std::vector<int64_t> block_scale_shape(te::GemmScaling s, int64_t rows, int64_t cols) {
+  if (s == te::GemmScaling::kFp8Block1d) return {ceil_div(cols, 128), ceil_div(rows, 4) * 4};
+  return {ceil_div(rows, 128), ceil_div(ceil_div(cols, 128), 4) * 4};
+}
+
+// Checks an operand tensor against its declared DType code and scaling and returns the core operand.
 te::GemmOperand make_operand(const char* name, const Tensor& x, const c10::optional<Tensor>& scale_inv, int64_t code,
-                             bool trans, const Tensor& ref) {
+                             int64_t scaling, bool trans, const Tensor& ref) {
   const te::DType d = dtype_code(code, name);
   TORCH_CHECK_VALUE(x.device() == ref.device(), kOp, ": operands must be on one device, got ", name, " on ",
                     x.device().str(), " and A on ", ref.device().str(), "; move them with .to(device)");
@@ -47,12 +60,29 @@ te::GemmOperand make_operand(const char* name, const Tensor& x, const c10::optio
     TORCH_CHECK_TYPE(x.scalar_type() == at::kByte, kOp, ": FP8 operand ", name, " must hold uint8 codes, got ",
                      dtype_name(x.scalar_type()));
     TORCH_CHECK_VALUE(scale_inv.has_value(), kOp, ": FP8 operand ", name, " needs its scale_inv");
-    check_scalar_f32(*scale_inv, ref, kOp, (std::string(name) + " scale_inv").c_str());
-    op.scaling = te::GemmScaling::kFp8PerTensor;
+    TORCH_CHECK_VALUE(scaling == 0 || scaling == 1 || scaling == 4 || scaling == 5, kOp, ": ", name,
+                      "_scaling must be 1 (per-tensor), 4 (FP8 block 1x128) or 5 (FP8 block 128x128), got ",
+                      std::to_string(scaling));
+    op.scaling = scaling == 0 ? te::GemmScaling::kFp8PerTensor : static_cast<te::GemmScaling>(scaling);
+    if (is_fp8_block(op.scaling)) {
+      const Tensor& s = *scale_inv;
+      const std::vector<int64_t> want = block_scale_shape(op.scaling, op.rows, op.cols);
+      TORCH_CHECK_VALUE(s.device() == ref.device() && s.scalar_type() == at::kFloat && s.is_contiguous() &&
+                            s.sizes().vec() == want,
+                        kOp, ": ", name, " (", te::gemm_scaling_name(op.scaling), ", stored [",
+                        std::to_string(op.rows), ", ", std::to_string(op.cols), "]) needs a contiguous float32 scale "
+                        "matrix [", std::to_string(want[0]), ", ", std::to_string(want[1]), "] on ",
+                        ref.device().str(), ", got ", dtype_name(s.scalar_type()), " ", shape_str(s), " on ",
+                        s.device().str());
+    } else {
+      check_scalar_f32(*scale_inv, ref, kOp, (std::string(name) + " scale_inv").c_str());
+    }
     op.scale_inv = scale_inv->data_ptr<float>();
   } else {
+    TORCH_CHECK_VALUE(scaling == 0, kOp, ": ", name, "_scaling=", std::to_string(scaling),
+                      " is for FP8 operands, but ", name, " is ", te::dtype_short_name(d));
     TORCH_CHECK_TYPE(d == te::DType::kFloat32 || d == te::DType::kFloat16 || d == te::DType::kBFloat16, kOp,
-                     ": operand ", name, " must be fp32, fp16, bf16 or per-tensor FP8 (E4M3/E5M2), got DType ",
+                     ": operand ", name, " must be fp32, fp16, bf16 or FP8 (E4M3/E5M2), got DType ",
                      std::to_string(code));
     TORCH_CHECK_TYPE(x.scalar_type() == scalar_type_of(d), kOp, ": operand ", name, " is ",
                      dtype_name(x.scalar_type()), " but its DType code says ", te::dtype_short_name(d));
@@ -86,14 +116,25 @@ template <typename F> void run_core(F&& f) {
 
 #if defined(TE_WITH_CUDA)
 // Σ_k op(B) in FP32 (the wgrad bias gradient), for the cases cuBLASLt's BGRADB does not cover: FP8 codes are
-// decoded exactly and scaled by scale_inv. `b` is the operand as the kernel sees it ([rows, cols], flag g.b.trans).
+// decoded exactly and scaled by scale_inv (per tensor, or per block of the SPEC §4.8 scale matrix). `b` is the
+// operand as the kernel sees it ([rows, cols], flag g.b.trans).
 Tensor bias_grad_of_b(const te::GemmArgs& g, const Tensor& b, const c10::optional<Tensor>& b_scale_inv) {
-  Tensor bf = b.to(at::kFloat);
+  const int64_t rows = g.b.rows, cols = g.b.cols;
+  Tensor bf = b.to(at::kFloat).reshape({rows, cols});
   if (is_fp8(g.b.dtype)) {
-    bf = b.view(g.b.dtype == te::DType::kFloat8E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2).to(at::kFloat) *
-         *b_scale_inv;
+    bf = b.view(g.b.dtype == te::DType::kFloat8E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2).to(at::kFloat)
+             .reshape({rows, cols});
+    const Tensor& s = *b_scale_inv;
+    Tensor f = s;  // per-tensor: broadcasts
+    if (g.b.scaling == te::GemmScaling::kFp8Block1d) {  // s[col / 128, row]
+      f = s.narrow(1, 0, rows).t().repeat_interleave(128, 1).narrow(1, 0, cols);
+    } else if (g.b.scaling == te::GemmScaling::kFp8Block2d) {  // s[row / 128, col / 128]
+      f = s.narrow(1, 0, ceil_div(cols, 128)).repeat_interleave(128, 0).narrow(0, 0, rows)
+              .repeat_interleave(128, 1).narrow(1, 0, cols);
+    }
+    bf = bf * f;
   }
-  return bf.reshape({g.b.rows, g.b.cols}).sum(g.b.trans ? 0 : 1);
+  return bf.sum(g.b.trans ? 0 : 1);
 }
 
 // SPEC §6.2: where cuBLASLt has no kernel for an epilogue (format, shape or alignment), the GEMM runs plain into
@@ -141,11 +182,12 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
           const c10::optional<Tensor>& pre_gelu_out, const c10::optional<Tensor>& gelu_in,
           const c10::optional<Tensor>& D_scale, const c10::optional<Tensor>& D_amax,
           const c10::optional<Tensor>& D_scale_inv, const c10::optional<Tensor>& workspace, int64_t workspace_size,
-          bool gelu, bool grad, bool use_split_accumulator, double alpha, double beta) {
+          bool gelu, bool grad, bool use_split_accumulator, double alpha, double beta, int64_t A_scaling,
+          int64_t B_scaling) {
   const Tensor& ref = A_in;
   te::GemmArgs g;
-  g.a = make_operand("A", A_in, A_scale_inv, A_dtype, transA, ref);
-  g.b = make_operand("B", B_in, B_scale_inv, B_dtype, transB, ref);
+  g.a = make_operand("A", A_in, A_scale_inv, A_dtype, A_scaling, transA, ref);
+  g.b = make_operand("B", B_in, B_scale_inv, B_dtype, B_scaling, transB, ref);
   const std::string arch = arch_name(ref);
   const std::string operands = operand_desc("A", A_in, g.a.dtype) + ", " + operand_desc("B", B_in, g.b.dtype) +
                                ", layout " + layout_str(transA, transB) + ", " + arch;
@@ -168,9 +210,18 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
     TORCH_CHECK_VALUE(dm.m % 16 == 0, kOp, ": FP8 GEMM needs the output's last dim N to be a multiple of 16, got N=",
                       std::to_string(dm.m), " (", operands, "). Pad it to ", std::to_string((dm.m + 15) / 16 * 16),
                       " or keep this layer in bf16");
-    TORCH_CHECK_VALUE(transA && !transB, kOp, ": per-tensor FP8 operands run as TN (", operands,
-                      "); pass A's rowwise copy with transA=True and B's rowwise copy with transB=False "
+    TORCH_CHECK_VALUE(transA && !transB, kOp, ": FP8 operands run as TN (", operands,
+                      "); pass the copies whose scaling runs along K with transA=True and transB=False "
                       "(general_gemm picks the copies)");
+    const bool blk_a = is_fp8_block(g.a.scaling), blk_b = is_fp8_block(g.b.scaling);
+    TORCH_CHECK_VALUE(blk_a == blk_b, kOp, ": A is ", te::gemm_scaling_name(g.a.scaling), " and B is ",
+                      te::gemm_scaling_name(g.b.scaling), " (", operands,
+                      "); quantize both operands with one recipe (FP8 block 1-D and 2-D may be mixed)");
+    TORCH_CHECK_VALUE(!(g.a.scaling == te::GemmScaling::kFp8Block2d && g.b.scaling == te::GemmScaling::kFp8Block2d),
+                      kOp, ": FP8 block 128x128 x 128x128 has no kernel (", operands,
+                      "); quantize one operand with block_scaling_dim=1");
+    TORCH_CHECK_NOT_IMPLEMENTED(!blk_a || ref.is_cuda(), kOp, ": not yet supported: FP8 block operands in the CPU "
+                                "kernel (", operands, "); general_gemm dequantizes them exactly on the CPU");
   }
   // Output.
   g.d_dtype = dtype_code(D_dtype, "D");
@@ -184,7 +235,8 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
   check_out("D", D, dm.n * dm.m, dm.m, fp8_out ? at::kByte : scalar_type_of(g.d_dtype), ref);
   g.d = D.data_ptr();
   if (fp8_out) {
-    TORCH_CHECK_VALUE(fp8_a, kOp, ": FP8 output needs FP8 operands (", operands, ")");
+    TORCH_CHECK_VALUE(fp8_a && !is_fp8_block(g.a.scaling), kOp, ": FP8 output needs per-tensor FP8 operands (",
+                      operands, "); FP8 block GEMMs write bf16/fp32, then quantize");
     TORCH_CHECK_VALUE(beta == 0.0, kOp, ": accumulating into an FP8 output is not supported (", operands, ")");
     TORCH_CHECK_VALUE(D_scale.has_value() && D_amax.has_value() && D_scale_inv.has_value(), kOp,
                       ": FP8 output needs the quantizer's scale and amax and the output's scale_inv");
@@ -293,7 +345,7 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
   }
 #if defined(TE_WITH_CUDA)
   const c10::cuda::CUDAGuard guard(ref.device());
-  Tensor a = A_in.contiguous(), b = B_in.contiguous();
+  Tensor a = A_in.contiguous(), b = B_in.contiguous(), unit_scale;
   // Empty GEMMs (SPEC §6.1): nothing to multiply when D is empty; the bias gradient of op(B) may still be non-empty.
   if (dm.m == 0 || dm.n == 0) {
     if (g.epilogue == te::GemmEpilogue::kDGeluBGrad) bias_grad->zero_();
@@ -309,6 +361,13 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
     b = at::zeros(transB ? std::vector<int64_t>{kPad, dm.n} : std::vector<int64_t>{dm.n, kPad}, b.options());
     std::tie(g.a.rows, g.a.cols) = rows_cols(a);
     std::tie(g.b.rows, g.b.cols) = rows_cols(b);
+    if (is_fp8_block(g.a.scaling)) {  // block scale matrices of K = 0 are empty: zeros need no blocks
+      unit_scale = at::ones({1}, ref.options().dtype(at::kFloat));
+      for (te::GemmOperand* op : {&g.a, &g.b}) {
+        op->scaling = te::GemmScaling::kFp8PerTensor;
+        op->scale_inv = unit_scale.data_ptr<float>();
+      }
+    }
   }
   g.a.data = a.data_ptr();
   g.b.data = b.data_ptr();
