@@ -423,9 +423,9 @@ def test_op_level_errors(tex, device):
         g(a, None, 6, True, b, None, 6, False, e(8, 16), 6)
     with pytest.raises(TypeError, match=r"operand A is BFloat16 but its DType code says fp16"):
         g(a, None, 5, True, b, None, 6, False, e(8, 32), 6)
-    with pytest.raises(ValueError, match=r"FP8 operand A needs its scale_inv"):
+    with pytest.raises(ValueError, match=r"quantized operand A needs its scale_inv"):
         g(q._data, None, 7, True, q._data, q._scale_inv, 7, False, e(32, 32), 6)
-    with pytest.raises(ValueError, match=r"FP8 operands run as TN.*layout NN"):
+    with pytest.raises(ValueError, match=r"FP8 per-tensor operands run as TN.*layout NN"):
         g(q._transpose, q._scale_inv, 7, False, q._data, q._scale_inv, 7, False, e(32, 32), 6)
     with pytest.raises(ValueError, match=r"FP8 output needs per-tensor FP8 operands"):
         g(a, None, 6, True, b, None, 6, False, e(8, 32, dt=torch.uint8), 7, D_scale=one(), D_amax=one(0.0),
@@ -444,20 +444,37 @@ def test_op_level_errors(tex, device):
     # FP8 block operands (A_scaling/B_scaling 4 = 1x128, 5 = 128x128): scale matrices of the SPEC §4.8 shapes
     codes = torch.zeros(32, 256, dtype=torch.uint8, device=device)
     s1, s2 = e(2, 32, dt=torch.float32), e(1, 4, dt=torch.float32)  # 1x128 and 128x128 scales of [32, 256]
-    with pytest.raises(ValueError, match=r"A_scaling must be 1 \(per-tensor\), 4 .* or 5 .*got 3"):
+    with pytest.raises(ValueError, match=r"A_scaling must be 1 \(per-tensor\), 2 \(MXFP8\), 4 .* or 5 .*got 3"):
         g(codes, s1, 7, True, codes, s1, 7, False, e(32, 32), 6, A_scaling=3, B_scaling=4)
-    with pytest.raises(ValueError, match=r"B_scaling=4 is for FP8 operands, but B is bf16"):
+    with pytest.raises(ValueError, match=r"B_scaling=4 is for quantized operands, but B is bf16"):
         g(a, None, 6, True, b, None, 6, False, e(8, 32), 6, B_scaling=4)
-    with pytest.raises(ValueError, match=r"A \(FP8 block 1x128, stored \[32, 256\]\) needs a contiguous float32 scale "
-                                         r"matrix \[2, 32\].*got Float \[1, 4\]"):
+    with pytest.raises(ValueError, match=r"A \(FP8 block 1x128, stored \[32, 256\]\) needs a contiguous Float scale "
+                                         r"tensor \[2, 32\].*got Float \[1, 4\]"):
         g(codes, s2, 7, True, codes, s1, 7, False, e(32, 32), 6, A_scaling=4, B_scaling=4)
     with pytest.raises(ValueError, match=r"A is FP8 per-tensor and B is FP8 block 1x128.*one recipe"):
         g(codes, one(), 7, True, codes, s1, 7, False, e(32, 32), 6, B_scaling=4)
     with pytest.raises(ValueError, match=r"128x128 x 128x128 has no kernel.*block_scaling_dim=1"):
         g(codes, s2, 7, True, codes, s2, 7, False, e(32, 32), 6, A_scaling=5, B_scaling=5)
     if device == "cpu":
-        with pytest.raises(NotImplementedError, match=r"FP8 block operands in the CPU kernel"):
+        with pytest.raises(NotImplementedError, match=r"FP8 block 128x128 operands in the CPU kernel"):
             g(codes, s2, 7, True, codes, s1, 7, False, e(32, 32), 6, A_scaling=5, B_scaling=4)
+        with pytest.raises(ValueError, match=r"alpha_beta must be a contiguous float32 \[2\] tensor .* CUDA device"):
+            g(a, None, 6, True, b, None, 6, False, e(8, 32), 6, alpha_beta=torch.ones(2))
+    # MXFP8 (2, E8M0 bytes, GEMM-swizzled) and NVFP4 (3, E2M1 codes two per byte, E4M3 scales)
+    mx_row, mx_col = e(128, 8, dt=torch.uint8), e(4, 256, dt=torch.uint8)  # scales of [32, 256] rowwise / colwise
+    with pytest.raises(ValueError, match=r"B \(MXFP8, stored \[32, 256\]\) needs a contiguous Byte scale tensor "
+                                         r"\[128, 8\].*got Byte \[4, 256\]"):
+        g(codes, mx_row, 7, True, codes, mx_col, 7, False, e(32, 32), 6, A_scaling=2, B_scaling=2)
+    with pytest.raises(ValueError, match=r"A_scaling must be 3 \(NVFP4\) for E2M1 codes, got 2"):
+        g(codes, mx_row, 10, True, codes, mx_row, 10, False, e(32, 512), 6, A_scaling=2, B_scaling=3)
+    nv_s = e(128, 32, dt=torch.uint8)  # NVFP4 scales of [32, 512] E2M1 codes ([32, 256] bytes)
+    with pytest.raises(ValueError, match=r"NVFP4 GEMMs write bf16 or fp32, got fp16"):
+        g(codes, nv_s, 10, True, codes, nv_s, 10, False, e(32, 32, dt=torch.float16), 5, A_scaling=3, B_scaling=3)
+    c2, nv_s2 = torch.zeros(32, 16, dtype=torch.uint8, device=device), e(128, 4, dt=torch.uint8)  # E2M1 [32, 32]
+    with pytest.raises(ValueError, match=r"NVFP4 operands run as TN"):
+        g(c2, nv_s2, 10, False, c2, nv_s2, 10, False, e(32, 32), 6, A_scaling=3, B_scaling=3)
+    with pytest.raises(TypeError, match=r"A and B must both be FP8 or both the same plain dtype.*E4M3.*E2M1"):
+        g(codes, mx_row, 7, True, codes, nv_s, 10, False, e(32, 32), 6, A_scaling=2, B_scaling=3)
 
 
 def test_error_devices(tex):
@@ -587,7 +604,7 @@ def test_fp8_block_operands(tex, device, layout, dims):
 def _native_block_available(tex):
     from transformer_engine_torch import gemm as G
 
-    return torch.cuda.is_available() and G._native_fp8_block(torch.cuda.current_device())
+    return torch.cuda.is_available() and "Float8BlockwiseQTensor" in G._native_formats(torch.cuda.current_device())
 
 
 def _exact_block_product(A, B, layout):
@@ -629,13 +646,74 @@ def test_cuda_fp8_block_native(tex, monkeypatch, layout, dims, mnk):
 
     seen = []
     real = G._GEMM
-    monkeypatch.setattr(G, "_GEMM", lambda *a: (seen.append(a[-2:]), real(*a))[1])
+    monkeypatch.setattr(G, "_GEMM", lambda *a: (seen.append(a[-3:-1]), real(*a))[1])
     out = cpu(tex.general_gemm(A, B, layout=layout, out_dtype=torch.float32)[0]).to(F64)
     assert seen == [(3 + dims[0], 3 + dims[1])], "the op did not get the block codes with their scaling modes"
     assert out.shape == (n, m)
     bound = 2.0 ** -11 * mag + 1e-30
     assert ((out - r).abs() <= bound).all(), f"max err/bound {((out - r).abs() / bound).max().item():.3g}"
     assert ((out + r).abs() > bound).any(), "a wrong answer would pass"
+
+
+def _unswizzle(swizzled, R, C):
+    """Compact [R, C] matrix of SPEC §4.8's swizzled bytes (the inverse of reference.swizzle_ref)."""
+    r = torch.arange(R).reshape(R, 1).expand(R, C)
+    c = torch.arange(C).reshape(1, C).expand(R, C)
+    off = ((r // 128) * (C // 4) + c // 4) * 512 + (r % 32) * 16 + ((r % 128) // 32) * 4 + c % 4
+    return swizzled.reshape(-1)[off.reshape(-1)].reshape(R, C)
+
+
+def _decode_native(data, scale, code, scaling, k_cols):
+    """float64 values of an operand as cuBLASLt's block-scaled GEMM reads it: codes times the block scale taken
+    from the GEMM-swizzled scale bytes (MXFP8: E8M0 per 32 along K; NVFP4: E4M3 per 16 along the rows)."""
+    if scaling == 3:  # NVFP4: [rows, K/2] packed E2M1, scales [roundup(rows,128), roundup(K/16,4)] E4M3
+        v = ref.e2m1_decode(ref.nv_unpack(data)).to(F64)
+        rows, k = v.shape
+        f = ref.fp8_decode(_unswizzle(scale, *scale.shape), "e4m3").to(F64)[:rows, :k // 16]
+        return v * f.repeat_interleave(16, 1)
+    fmt = "e4m3" if code == int(tex_module().DType.kFloat8E4M3) else "e5m2"
+    v = ref.fp8_decode(data, fmt).to(F64)
+    rows, cols = v.shape
+    if k_cols:
+        f = ref.e8m0_value(_unswizzle(scale, *scale.shape)).to(F64)[:rows, :cols // 32].repeat_interleave(32, 1)
+    else:  # columnwise scales are swizzled as their transpose
+        r4, c128 = scale.shape
+        compact = _unswizzle(scale, c128, r4).t()
+        f = ref.e8m0_value(compact).to(F64)[:ref.ceil_div(rows, 32), :cols].repeat_interleave(32, 0)[:rows]
+    return v * f
+
+
+@pytest.mark.parametrize("swizzled", [False, True], ids=["compact", "swizzled"])
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_native_mx_nvfp4_operands(tex, layout, fmt, swizzled):
+    """SPEC §6.6 (sm_100+, no such GPU here): what the native MXFP8 / NVFP4 path hands to cuBLASLt - the picked
+    copies' codes, GEMM-swizzled scales, the kernel flags (MXFP8 keeps the layout, NVFP4 runs as TN) and NVFP4's
+    device alpha' = alpha·amax_A·amax_B/(6·6·448·448) - decodes to alpha times the float64 product of the copies
+    SPEC §6.4 picks."""
+    from transformer_engine_torch import gemm as G
+
+    ta, tb = layout[0] == "T", layout[1] == "T"
+    sa, sb = shapes_for(layout, 160, 64, 256)  # 160 rows: padded scale tiles
+    q = (tex.MXFP8Quantizer(tex.DType.kFloat8E4M3) if fmt == "mxfp8" else tex.NVFP4Quantizer())
+    q.optimize_for_gemm = swizzled
+    A, B = tex.quantize(rnd(sa, torch.bfloat16, "cpu", 250), q), tex.quantize(rnd(sb, torch.bfloat16, "cpu", 251), q)
+    copies = G._block_copies(A, ta, B, tb, layout)
+    (a, sca, ca, ka, ma), (b, scb, cb, kb, mb), ab = G._native_operands(copies, ta, tb, 1.5, 0.25)
+    if fmt == "nvfp4":
+        assert (ka, kb, ma, mb, ca, cb) == (True, False, 3, 3, 10, 10)
+        alpha = ab[0].item()
+        assert ab[1].item() == 0.25
+    else:
+        assert (ka, kb, ma, mb) == (ta, tb, 2, 2) and ab is None
+        alpha = 1.5
+    dec_a = _decode_native(a, sca, ca, ma, ka if fmt == "mxfp8" else True)
+    dec_b = _decode_native(b, scb, cb, mb, (not kb) if fmt == "mxfp8" else True)
+    got = alpha * (op(dec_b, kb) @ op(dec_a, ka))
+    want, mag = _exact_block_product(A, B, layout)
+    assert got.shape == (64, 160)
+    assert ((got - 1.5 * want).abs() <= 1e-5 * 1.5 * mag + 1e-30).all()
+    assert not torch.allclose(got, -1.5 * want, rtol=1e-2, atol=1e-2), "a wrong answer would pass"
 
 
 @pytest.mark.cuda

@@ -11,7 +11,8 @@ import torch
 
 from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
 from .quantizers import Float8Quantizer, Quantizer, check_quantizer
-from .tensors import Float8BlockwiseQTensor, Float8Tensor, QuantizedTensor, _transposed_shape
+from .tensors import (Float8Tensor, QuantizedTensor, _transposed_shape, swizzle_mx_scales,
+                      swizzle_nvfp4_scales)
 
 _GEMM = torch.ops.te.gemm.default
 _PLAIN_CODES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),
@@ -87,28 +88,62 @@ def _emulated_operands(copies):
 
 
 @torch.compiler.assume_constant_result
-def _native_fp8_block(device_index: int) -> bool:
-    """FP8 block operands run natively on sm_90 through cuBLASLt >= 12.9 (SPEC §6.6); elsewhere emulated."""
-    return (torch.cuda.get_device_capability(device_index) == (9, 0)
-            and int(torch.ops.te.cublaslt_version.default()) >= 120900)
+def _native_formats(device_index: int) -> frozenset:
+    """Block formats with a native cuBLASLt GEMM on this device (SPEC §6.6): FP8 blocks on sm_90 (cuBLASLt >= 12.9),
+    MXFP8 and NVFP4 on sm_100/sm_110 (cuBLASLt >= 12.8); the others are emulated (SPEC §6.7)."""
+    major, minor = torch.cuda.get_device_capability(device_index)
+    version = int(torch.ops.te.cublaslt_version.default())
+    if (major, minor) == (9, 0) and version >= 120900:
+        return frozenset({"Float8BlockwiseQTensor"})
+    if major in (10, 11) and version >= 120800:
+        return frozenset({"MXFP8Tensor", "NVFP4Tensor"})
+    return frozenset()
 
 
-def _fp8_block_operands(copies):
-    """The native FP8 block GEMM's operands, always TN (SPEC §6.4): the stored copy as a 2-D [rows, K] matrix,
-    its float32 scale matrix, DType code, kernel flag and te::GemmScaling code (4 = 1x128, 5 = 128x128)."""
-    out = []
+_SCALING = {"Float8BlockwiseQTensor": 4, "MXFP8Tensor": 2, "NVFP4Tensor": 3}  # te::GemmScaling codes
+_NVFP4_GLOBAL = 1.0 / (6.0 * 6.0 * 448.0 * 448.0)
+
+
+def _native_operands(copies, transA, transB, alpha, beta):
+    """The native block GEMM's operands (SPEC §6.4, §6.6): for each of A and B the stored copy as a 2-D matrix
+    (rows, K or K-major as the layout says), its scales (float32 FP8-block matrices; GEMM-swizzled E8M0 / E4M3 bytes,
+    swizzled into a temporary when stored compact), DType code, kernel flag and te::GemmScaling code; and, for NVFP4,
+    the device [alpha, beta] with the global scales folded into alpha (SPEC §6.7), else None. FP8 block and NVFP4
+    copies run as TN (their columnwise copies are stored transposed); MXFP8 copies keep the layout."""
+    out, amaxes = [], []
     for i, (x, rowwise) in enumerate(copies):
-        if rowwise:
-            data, sinv = x._rowwise_data, x._rowwise_scale_inv
+        kind = type(x).__name__
+        data = x._rowwise_data if rowwise else x._columnwise_data
+        sinv = x._rowwise_scale_inv if rowwise else x._columnwise_scale_inv
+        if kind == "MXFP8Tensor":
+            trans = transA if i == 0 else transB
             data = data.reshape(_flat2d(tuple(data.shape)))
-        else:  # stored transposed (K,) + shape[:-1]: rows = K of the logical tensor
-            data, sinv = x._columnwise_data, x._columnwise_scale_inv
-            cols = 1
-            for d in data.shape[1:]:
-                cols *= d
-            data = data.reshape(data.shape[0], cols)
-        out.append((data, sinv, int(x._fp8_dtype), i == 0, 5 if x._is_2D_scaled else 4))
-    return out
+            if not x._with_gemm_swizzled_scales:
+                sinv = swizzle_mx_scales(sinv, columnwise=not rowwise)
+            code = int(x._fp8_dtype)
+        else:
+            trans = i == 0
+            if rowwise or kind == "NVFP4Tensor":  # NVFP4's columnwise copy is 2-D [K, M/2] already
+                data = data.reshape(_flat2d(tuple(data.shape)))
+            else:  # FP8 block columnwise copy stored (K,) + shape[:-1]: rows = K of the logical tensor
+                cols = 1
+                for d in data.shape[1:]:
+                    cols *= d
+                data = data.reshape(data.shape[0], cols)
+            if kind == "NVFP4Tensor":
+                if not x._with_gemm_swizzled_scales:
+                    sinv = swizzle_nvfp4_scales(sinv)
+                amaxes.append(x._amax_rowwise if rowwise else x._amax_columnwise)
+                code = int(DType.kFloat4E2M1)
+            else:
+                code = int(x._fp8_dtype)
+        scaling = 5 if getattr(x, "_is_2D_scaled", False) else _SCALING[kind]
+        out.append((data, sinv, code, trans, scaling))
+    alpha_beta = None
+    if amaxes:
+        a_prime = (amaxes[0].float() * amaxes[1].float()).reshape(1) * (float(alpha) * _NVFP4_GLOBAL)
+        alpha_beta = torch.cat([a_prime, a_prime.new_full((1,), float(beta))])
+    return out[0], out[1], alpha_beta
 
 
 def _operand(name, x, trans, layout):
@@ -168,11 +203,19 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     check_quantizer("generic_gemm", quantizer)
     nominal = A.dtype
     a_scaling = b_scaling = 0
+    alpha_beta = None
+    if beta is None:
+        beta = 1.0 if accumulate else 0.0
     if type(A).__name__ in _EMULATED or type(B).__name__ in _EMULATED:
         copies = _block_copies(A, transA, B, transB, layout)
-        if (isinstance(A, Float8BlockwiseQTensor) and A.device.type == "cuda"
-                and _native_fp8_block(A.device.index if A.device.index is not None else 0)):
-            (a, a_sinv, a_code, ta, a_scaling), (b, b_sinv, b_code, tb, b_scaling) = _fp8_block_operands(copies)
+        kind = type(A).__name__
+        native = A.device.type == "cuda" and kind in _native_formats(
+            A.device.index if A.device.index is not None else torch.cuda.current_device())
+        if native and kind == "NVFP4Tensor":  # cuBLASLt's NVFP4 GEMM writes bf16 or fp32 only
+            native = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype") in (torch.bfloat16, torch.float32)
+        if native:
+            (a, a_sinv, a_code, ta, a_scaling), (b, b_sinv, b_code, tb, b_scaling), alpha_beta = _native_operands(
+                copies, transA, transB, alpha, beta)
         else:
             A, B = _emulated_operands(copies)
     if a_scaling == 0:
@@ -191,9 +234,7 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
                          f"`quantizer` and a 16-bit or fp32 output_dtype (the nominal dtype)")
     if out_dt not in FLOAT_DTYPES:
         raise TypeError(f"generic_gemm: output_dtype must be float32, float16 or bfloat16, got {out_dt}")
-    if beta is None:
-        beta = 1.0 if accumulate else 0.0
-    elif not accumulate and beta != 0:
+    if not accumulate and beta != 0:
         raise ValueError(f"generic_gemm: beta={beta} reads D, which needs accumulate=True")
     if accumulate and D is None:
         raise ValueError("generic_gemm: accumulate=True needs D, the output to accumulate into")
@@ -255,7 +296,8 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
         workspace = None
     _GEMM(a, a_sinv, a_code, ta, b, b_sinv, b_code, tb, d_buf, d_code, op_bias, bias_grad, pre_gelu,
           gelu_in if (gelu and grad) else None, d_scale, d_amax, d_sinv, workspace, int(workspace_size or 0),
-          bool(gelu), bool(grad), bool(use_split_accumulator), float(alpha), float(beta), a_scaling, b_scaling)
+          bool(gelu), bool(grad), bool(use_split_accumulator), float(alpha), float(beta), a_scaling, b_scaling,
+          alpha_beta)
 
     if fp8_out:
         out = d_user if d_user is not None else Float8Tensor._from_op(

@@ -57,10 +57,13 @@ cudaDataType_t cuda_type(DType d) {
     case DType::kBFloat16: return CUDA_R_16BF;
     case DType::kFloat8E4M3: return CUDA_R_8F_E4M3;
     case DType::kFloat8E5M2: return CUDA_R_8F_E5M2;
+#if CUBLAS_VERSION >= 120800
+    case DType::kFloat4E2M1: return CUDA_R_4F_E2M1;
+#endif
     default: break;
   }
   core_fail(std::string("generic_gemm: dtype ") + dtype_short_name(d) +
-            " has no cuBLASLt type here; accepted: fp32, fp16, bf16, E4M3, E5M2");
+            " has no cuBLASLt type here; accepted: fp32, fp16, bf16, E4M3, E5M2, E2M1");
 }
 
 bool is_fp8(DType d) { return d == DType::kFloat8E4M3 || d == DType::kFloat8E5M2; }
@@ -119,7 +122,7 @@ bool is_fp8_block(GemmScaling s) { return s == GemmScaling::kFp8Block1d || s == 
 
 // The one switch over scale modes (SPEC §6.6): per-tensor FP8 passes its scale_inv pointer, FP8 blocks their
 // float32 scale matrices (the stored layouts of SPEC §4.8 are cuBLASLt's: 1x128 rows-contiguous per K block,
-// 128x128 K-blocks contiguous per row tile); MXFP8 and NVFP4 are refused here (emulated by the caller on sm_90).
+// 128x128 K-blocks contiguous per row tile), MXFP8 / NVFP4 their GEMM-swizzled E8M0 / E4M3 block scales.
 void set_operand_scaling(cublasLtMatmulDesc_t desc, const GemmOperand& x, bool is_a, const GemmArgs& g) {
   int32_t mode = 0;
   switch (x.scaling) {
@@ -128,18 +131,17 @@ void set_operand_scaling(cublasLtMatmulDesc_t desc, const GemmOperand& x, bool i
 #if CUBLAS_VERSION >= 120900
     case GemmScaling::kFp8Block1d: mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F; break;
     case GemmScaling::kFp8Block2d: mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F; break;
+    case GemmScaling::kMxfp8: mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0; break;
+    case GemmScaling::kNvfp4: mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3; break;
 #else
-    case GemmScaling::kFp8Block1d:
-    case GemmScaling::kFp8Block2d:
-#endif
-    case GemmScaling::kMxfp8:
-    case GemmScaling::kNvfp4:
+    default:
       core_fail(std::string("generic_gemm: not yet supported: ") + gemm_scaling_name(x.scaling) + " operand " +
-                (is_a ? "A" : "B") + " in the cuBLASLt path (" + describe(g) + ")");
+                (is_a ? "A" : "B") + " needs cuBLASLt 12.9 headers at build time (" + describe(g) + ")");
+#endif
   }
   set_attr(desc, is_a ? CUBLASLT_MATMUL_DESC_A_SCALE_MODE : CUBLASLT_MATMUL_DESC_B_SCALE_MODE, mode, "scale mode", g);
-  set_attr(desc, is_a ? CUBLASLT_MATMUL_DESC_A_SCALE_POINTER : CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-           static_cast<const void*>(x.scale_inv), "scale pointer", g);
+  set_attr(desc, is_a ? CUBLASLT_MATMUL_DESC_A_SCALE_POINTER : CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, x.scale_inv,
+           "scale pointer", g);
 }
 
 cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
@@ -175,9 +177,9 @@ Canonical canonicalize(const GemmArgs& g) {
   c.lda = g.a.cols;
   c.ldb = g.b.cols;
   c.ldd = c.dims.m;
-  // Hopper/Ada FP8 kernels (per-tensor and block) exist for TN only; the bridge picks the stored copies so that
-  // this holds.
-  if (g.a.scaling != GemmScaling::kNone && !(g.a.trans && !g.b.trans)) {
+  // FP8 kernels (per-tensor and block on Hopper/Ada) and NVFP4 ones exist for TN only; the bridge picks the stored
+  // copies so that this holds. MXFP8 copies keep the tensor's shape and run in any layout.
+  if (g.a.scaling != GemmScaling::kNone && g.a.scaling != GemmScaling::kMxfp8 && !(g.a.trans && !g.b.trans)) {
     core_fail("generic_gemm: FP8 operands must reach cuBLASLt as TN (A transposed, B not); pass the copy whose "
               "scaling runs along the contraction dim (" + describe(g) + ")");
   }
@@ -202,8 +204,13 @@ void make_desc(Desc& desc, const GemmArgs& g, const Canonical& c) {
   set_operand_scaling(desc.d, g.a, true, g);
   set_operand_scaling(desc.d, g.b, false, g);
   if (fp8_in) {
-    const int8_t fast = (g.fast_accum && !is_fp8_block(g.a.scaling)) ? 1 : 0;  // block scaling always splits
+    // Only per-tensor FP8 has the fast-accumulation choice (SPEC §6.3); block scaling always splits.
+    const int8_t fast = (g.fast_accum && g.a.scaling == GemmScaling::kFp8PerTensor) ? 1 : 0;
     set_attr(desc.d, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast, "FAST_ACCUM", g);
+  }
+  if (g.alpha_beta != nullptr) {
+    const int32_t mode = CUBLASLT_POINTER_MODE_DEVICE;
+    set_attr(desc.d, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode, "POINTER_MODE", g);
   }
   if (is_fp8(g.d_dtype)) {
     set_attr(desc.d, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, static_cast<const void*>(g.d_scale), "D_SCALE_POINTER", g);
@@ -305,8 +312,10 @@ void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
               "). Try another output dtype or epilogue, or keep this layer in bf16");
   }
   const float alpha = g.alpha, beta = g.beta;
-  check_lt(cublasLtMatmul(handle, desc.d, &alpha, g.a.data, la.l, g.b.data, lb.l, &beta, c_ptr, lc.l, g.d, ld.l,
-                          &heur.algo, ws, ws_bytes, stream),
+  const float* const pa = g.alpha_beta ? g.alpha_beta : &alpha;  // device scalars replace the host ones
+  const float* const pb = g.alpha_beta ? g.alpha_beta + 1 : &beta;
+  check_lt(cublasLtMatmul(handle, desc.d, pa, g.a.data, la.l, g.b.data, lb.l, pb, c_ptr, lc.l, g.d, ld.l, &heur.algo,
+                          ws, ws_bytes, stream),
            "matmul", g);
 }
 

@@ -23,8 +23,8 @@
 namespace te {
 
 // How an operand's values are scaled. kNone and kFp8PerTensor run everywhere; the FP8 block modes run natively
-// through cuBLASLt on sm_90 (the CPU kernel refuses them: the Python wrapper dequantizes exactly there); MXFP8 and
-// NVFP4 are named so that the scale-mode switch (one place) can refuse them with the format's name.
+// through cuBLASLt on sm_90, MXFP8 and NVFP4 on sm_100+ (SPEC §6.6); the CPU kernel refuses the block formats
+// (the Python wrapper dequantizes them exactly there, and emulates them on GPUs without a native kernel).
 enum class GemmScaling : int { kNone = 0, kFp8PerTensor = 1, kMxfp8 = 2, kNvfp4 = 3, kFp8Block1d = 4, kFp8Block2d = 5 };
 
 // Epilogue applied after alpha·op(B)op(A) + beta·D_in (SPEC §6.2).
@@ -43,13 +43,14 @@ const char* gemm_scaling_name(GemmScaling s);
 const char* dtype_short_name(DType d);  // "bf16", "E4M3", ...
 
 struct GemmOperand {
-  const void* data = nullptr;     // [rows, cols] row-major, `dtype` elements (FP8: uint8 codes)
+  const void* data = nullptr;     // [rows, cols] row-major, `dtype` elements (FP8: uint8 codes; E2M1: two per byte)
   int64_t rows = 0, cols = 0;
   DType dtype = DType::kBFloat16;
   GemmScaling scaling = GemmScaling::kNone;
-  // float32 on the operand's device. Per-tensor FP8: [1]. FP8 block, for the stored [rows, cols] matrix (cols = K):
-  // 1x128 [ceil(cols/128), roundup(rows, 4)] (rows contiguous); 128x128 [ceil(rows/128), roundup(ceil(cols/128), 4)].
-  const float* scale_inv = nullptr;
+  // On the operand's device. Per-tensor FP8: float32 [1]. FP8 block, for the stored [rows, cols] matrix (cols = K):
+  // float32 1x128 [ceil(cols/128), roundup(rows, 4)] (rows contiguous); 128x128 [ceil(rows/128),
+  // roundup(ceil(cols/128), 4)]. MXFP8 / NVFP4: the GEMM-swizzled uint8 E8M0 / E4M3 block scales (SPEC §4.8).
+  const void* scale_inv = nullptr;
   bool trans = false;
 };
 
@@ -67,6 +68,8 @@ struct GemmArgs {
   GemmEpilogue epilogue = GemmEpilogue::kNone;
   float alpha = 1.0f;
   float beta = 0.0f;                 // beta ≠ 0 reads D as D_in
+  const float* alpha_beta = nullptr; // device [alpha, beta] replacing the two above (NVFP4: alpha folds the global
+                                     // scales, computed on the device without a host sync)
   bool fast_accum = false;           // FP8 per-tensor: cuBLASLt's reduced-precision accumulation
   bool allow_tf32 = true;            // FP32 operands: TF32 tensor cores unless matmul precision is "highest"
   void* workspace = nullptr;         // [workspace_bytes] device memory, stream-ordered (null: none)

@@ -79,7 +79,7 @@ void store(void* p, int64_t i, DType d, float v) {
 std::vector<float> decode_k_contiguous(const GemmOperand& x, bool k_major, int64_t outer, int64_t k,
                                        const GemmParallelFor& pf) {
   std::vector<float> out(size_t(outer) * size_t(k));
-  const float s = (x.scaling == GemmScaling::kFp8PerTensor) ? *x.scale_inv : 1.0f;
+  const float s = (x.scaling == GemmScaling::kFp8PerTensor) ? *static_cast<const float*>(x.scale_inv) : 1.0f;
   pf(outer, [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o)
       for (int64_t j = 0; j < k; ++j)

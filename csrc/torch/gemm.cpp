@@ -38,12 +38,22 @@ bool is_fp8_block(te::GemmScaling s) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t roundup(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
 
-// The float32 scale matrix an FP8 block operand of `rows` x `cols` (cols = K) carries (SPEC §4.8): 1x128
-// [ceil(cols/128), roundup(rows, 4)], 128x128 [ceil(rows/128), roundup(ceil(cols/128), 4)].
-std::vector<int64_t> block_scale_shape(te::GemmScaling s, int64_t rows, int64_t cols) {
-  if (s == te::GemmScaling::kFp8Block1d) return {ceil_div(cols, 128), ceil_div(rows, 4) * 4};
-  return {ceil_div(rows, 128), ceil_div(ceil_div(cols, 128), 4) * 4};
+// The scale tensor a block-scaled operand stored as [rows, cols] carries (SPEC §4.8), `k_cols` when the
+// contraction runs along cols. FP8 block (float32): 1x128 [ceil(cols/128), roundup(rows, 4)], 128x128
+// [ceil(rows/128), roundup(ceil(cols/128), 4)]. MXFP8 (E8M0 bytes, GEMM-swizzled): [roundup(rows, 128),
+// roundup(ceil(cols/32), 4)], or the columnwise form [roundup(ceil(rows/32), 4), roundup(cols, 128)] when K runs
+// along rows. NVFP4 (E4M3 bytes, GEMM-swizzled, always K along cols): [roundup(rows, 128), roundup(cols/16, 4)].
+std::vector<int64_t> block_scale_shape(te::GemmScaling s, int64_t rows, int64_t cols, bool k_cols) {
+  switch (s) {
+    case te::GemmScaling::kFp8Block1d: return {ceil_div(cols, 128), roundup(rows, 4)};
+    case te::GemmScaling::kFp8Block2d: return {ceil_div(rows, 128), roundup(ceil_div(cols, 128), 4)};
+    case te::GemmScaling::kMxfp8:
+      if (k_cols) return {roundup(rows, 128), roundup(ceil_div(cols, 32), 4)};
+      return {roundup(ceil_div(rows, 32), 4), roundup(cols, 128)};
+    default: return {roundup(rows, 128), roundup(ceil_div(cols, 16), 4)};
+  }
 }
 
 // Checks an operand tensor against its declared DType code and scaling and returns the core operand.
@@ -56,33 +66,38 @@ te::GemmOperand make_operand(const char* name, const Tensor& x, const c10::optio
   op.dtype = d;
   op.trans = trans;
   std::tie(op.rows, op.cols) = rows_cols(x);
-  if (is_fp8(d)) {
-    TORCH_CHECK_TYPE(x.scalar_type() == at::kByte, kOp, ": FP8 operand ", name, " must hold uint8 codes, got ",
-                     dtype_name(x.scalar_type()));
-    TORCH_CHECK_VALUE(scale_inv.has_value(), kOp, ": FP8 operand ", name, " needs its scale_inv");
-    TORCH_CHECK_VALUE(scaling == 0 || scaling == 1 || scaling == 4 || scaling == 5, kOp, ": ", name,
-                      "_scaling must be 1 (per-tensor), 4 (FP8 block 1x128) or 5 (FP8 block 128x128), got ",
-                      std::to_string(scaling));
+  const bool fp4 = d == te::DType::kFloat4E2M1;
+  if (is_fp8(d) || fp4) {
+    TORCH_CHECK_TYPE(x.scalar_type() == at::kByte, kOp, ": ", fp4 ? "FP4" : "FP8", " operand ", name,
+                     " must hold uint8 codes, got ", dtype_name(x.scalar_type()));
+    TORCH_CHECK_VALUE(scale_inv.has_value(), kOp, ": quantized operand ", name, " needs its scale_inv");
+    TORCH_CHECK_VALUE(fp4 ? scaling == 3 : (scaling <= 2 || scaling == 4 || scaling == 5), kOp, ": ", name,
+                      "_scaling must be ", fp4 ? "3 (NVFP4) for E2M1 codes" :
+                      "1 (per-tensor), 2 (MXFP8), 4 (FP8 block 1x128) or 5 (FP8 block 128x128) for FP8 codes",
+                      ", got ", std::to_string(scaling));
     op.scaling = scaling == 0 ? te::GemmScaling::kFp8PerTensor : static_cast<te::GemmScaling>(scaling);
-    if (is_fp8_block(op.scaling)) {
-      const Tensor& s = *scale_inv;
-      const std::vector<int64_t> want = block_scale_shape(op.scaling, op.rows, op.cols);
-      TORCH_CHECK_VALUE(s.device() == ref.device() && s.scalar_type() == at::kFloat && s.is_contiguous() &&
+    if (fp4) op.cols *= 2;  // two E2M1 codes per byte
+    const Tensor& s = *scale_inv;
+    if (op.scaling == te::GemmScaling::kFp8PerTensor) {
+      check_scalar_f32(s, ref, kOp, (std::string(name) + " scale_inv").c_str());
+    } else {
+      const bool k_cols = (name[0] == 'A') == trans;
+      const std::vector<int64_t> want = block_scale_shape(op.scaling, op.rows, op.cols, k_cols);
+      const at::ScalarType st = is_fp8_block(op.scaling) ? at::kFloat : at::kByte;
+      TORCH_CHECK_VALUE(s.device() == ref.device() && s.scalar_type() == st && s.is_contiguous() &&
                             s.sizes().vec() == want,
                         kOp, ": ", name, " (", te::gemm_scaling_name(op.scaling), ", stored [",
-                        std::to_string(op.rows), ", ", std::to_string(op.cols), "]) needs a contiguous float32 scale "
-                        "matrix [", std::to_string(want[0]), ", ", std::to_string(want[1]), "] on ",
-                        ref.device().str(), ", got ", dtype_name(s.scalar_type()), " ", shape_str(s), " on ",
+                        std::to_string(op.rows), ", ", std::to_string(op.cols), "]) needs a contiguous ",
+                        dtype_name(st), " scale tensor [", std::to_string(want[0]), ", ", std::to_string(want[1]),
+                        "] on ", ref.device().str(), ", got ", dtype_name(s.scalar_type()), " ", shape_str(s), " on ",
                         s.device().str());
-    } else {
-      check_scalar_f32(*scale_inv, ref, kOp, (std::string(name) + " scale_inv").c_str());
     }
-    op.scale_inv = scale_inv->data_ptr<float>();
+    op.scale_inv = s.data_ptr();
   } else {
     TORCH_CHECK_VALUE(scaling == 0, kOp, ": ", name, "_scaling=", std::to_string(scaling),
-                      " is for FP8 operands, but ", name, " is ", te::dtype_short_name(d));
+                      " is for quantized operands, but ", name, " is ", te::dtype_short_name(d));
     TORCH_CHECK_TYPE(d == te::DType::kFloat32 || d == te::DType::kFloat16 || d == te::DType::kBFloat16, kOp,
-                     ": operand ", name, " must be fp32, fp16, bf16 or FP8 (E4M3/E5M2), got DType ",
+                     ": operand ", name, " must be fp32, fp16, bf16, FP8 (E4M3/E5M2) or E2M1, got DType ",
                      std::to_string(code));
     TORCH_CHECK_TYPE(x.scalar_type() == scalar_type_of(d), kOp, ": operand ", name, " is ",
                      dtype_name(x.scalar_type()), " but its DType code says ", te::dtype_short_name(d));
@@ -147,6 +162,12 @@ void unfused_epilogue(const te::GemmArgs& g, const te::GemmDims& dm, const Tenso
   p.d = acc.data_ptr();
   p.d_dtype = te::DType::kFloat32;
   p.beta = 0.0f;
+  Tensor alpha_0;  // device [alpha, 0]: the plain product only; beta·D_in follows below
+  if (g.alpha_beta != nullptr) {
+    alpha_0 = at::zeros({2}, D.options().dtype(at::kFloat));
+    alpha_0.narrow(0, 0, 1).copy_(at::from_blob(const_cast<float*>(g.alpha_beta), {1}, D.options().dtype(at::kFloat)));
+    p.alpha_beta = alpha_0.data_ptr<float>();
+  }
   p.epilogue = te::GemmEpilogue::kNone;
   p.bias = nullptr;
   p.bias_grad = nullptr;
@@ -154,7 +175,11 @@ void unfused_epilogue(const te::GemmArgs& g, const te::GemmDims& dm, const Tenso
   run_core([&] { te::gemm_cublaslt(p, current_stream()); });
   Tensor d2 = D.view({dm.n, dm.m});
   Tensor r = acc;
-  if (g.beta != 0.0f) r = r + d2.to(at::kFloat) * double(g.beta);
+  if (g.alpha_beta != nullptr) {
+    r = r + d2.to(at::kFloat) * at::from_blob(const_cast<float*>(g.alpha_beta) + 1, {1}, D.options().dtype(at::kFloat));
+  } else if (g.beta != 0.0f) {
+    r = r + d2.to(at::kFloat) * double(g.beta);
+  }
   switch (g.epilogue) {
     case te::GemmEpilogue::kBias: r = r + bias->to(at::kFloat); break;
     case te::GemmEpilogue::kGeluAuxBias: r = r + bias->to(at::kFloat); [[fallthrough]];
@@ -183,7 +208,7 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
           const c10::optional<Tensor>& D_scale, const c10::optional<Tensor>& D_amax,
           const c10::optional<Tensor>& D_scale_inv, const c10::optional<Tensor>& workspace, int64_t workspace_size,
           bool gelu, bool grad, bool use_split_accumulator, double alpha, double beta, int64_t A_scaling,
-          int64_t B_scaling) {
+          int64_t B_scaling, const c10::optional<Tensor>& alpha_beta) {
   const Tensor& ref = A_in;
   te::GemmArgs g;
   g.a = make_operand("A", A_in, A_scale_inv, A_dtype, A_scaling, transA, ref);
@@ -200,28 +225,36 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
   TORCH_CHECK_VALUE(dm.k == b_inner, kOp, ": inner dims do not agree: op(A) contracts over ", std::to_string(dm.k),
                     " and op(B) over ", std::to_string(b_inner), " (", operands,
                     "; D = op(B)·op(A) needs (transA ? A1 : A0) == (transB ? B0 : B1))");
-  if (fp8_a) {
+  const bool scaled = g.a.scaling != te::GemmScaling::kNone;
+  if (scaled) {
+    const char* fmt = te::gemm_scaling_name(g.a.scaling);
     TORCH_CHECK_VALUE(!(g.a.dtype == te::DType::kFloat8E5M2 && g.b.dtype == te::DType::kFloat8E5M2), kOp,
                       ": E5M2 x E5M2 has no FP8 GEMM kernel (", operands,
                       "). Quantize one operand (usually the weight or activation) as E4M3");
-    TORCH_CHECK_VALUE(dm.k % 16 == 0, kOp, ": FP8 GEMM needs the contraction dim K to be a multiple of 16, got K=",
-                      std::to_string(dm.k), " (", operands, "). Pad K to ", std::to_string((dm.k + 15) / 16 * 16),
-                      " or keep this layer in bf16");
-    TORCH_CHECK_VALUE(dm.m % 16 == 0, kOp, ": FP8 GEMM needs the output's last dim N to be a multiple of 16, got N=",
-                      std::to_string(dm.m), " (", operands, "). Pad it to ", std::to_string((dm.m + 15) / 16 * 16),
-                      " or keep this layer in bf16");
-    TORCH_CHECK_VALUE(transA && !transB, kOp, ": FP8 operands run as TN (", operands,
-                      "); pass the copies whose scaling runs along K with transA=True and transB=False "
-                      "(general_gemm picks the copies)");
-    const bool blk_a = is_fp8_block(g.a.scaling), blk_b = is_fp8_block(g.b.scaling);
-    TORCH_CHECK_VALUE(blk_a == blk_b, kOp, ": A is ", te::gemm_scaling_name(g.a.scaling), " and B is ",
+    const bool fam_a = is_fp8_block(g.a.scaling), fam_b = is_fp8_block(g.b.scaling);
+    TORCH_CHECK_VALUE(fam_a ? fam_b : g.a.scaling == g.b.scaling, kOp, ": A is ", fmt, " and B is ",
                       te::gemm_scaling_name(g.b.scaling), " (", operands,
                       "); quantize both operands with one recipe (FP8 block 1-D and 2-D may be mixed)");
     TORCH_CHECK_VALUE(!(g.a.scaling == te::GemmScaling::kFp8Block2d && g.b.scaling == te::GemmScaling::kFp8Block2d),
                       kOp, ": FP8 block 128x128 x 128x128 has no kernel (", operands,
                       "); quantize one operand with block_scaling_dim=1");
-    TORCH_CHECK_NOT_IMPLEMENTED(!blk_a || ref.is_cuda(), kOp, ": not yet supported: FP8 block operands in the CPU "
-                                "kernel (", operands, "); general_gemm dequantizes them exactly on the CPU");
+    const int64_t k_mult = (g.a.scaling == te::GemmScaling::kMxfp8 || g.a.scaling == te::GemmScaling::kNvfp4) ? 32 : 16;
+    TORCH_CHECK_VALUE(dm.k % k_mult == 0, kOp, ": ", fmt, " GEMM needs the contraction dim K to be a multiple of ",
+                      std::to_string(k_mult), ", got K=", std::to_string(dm.k), " (", operands, "). Pad K to ",
+                      std::to_string(roundup(dm.k, k_mult)), " or keep this layer in bf16");
+    TORCH_CHECK_VALUE(dm.m % 16 == 0, kOp, ": ", fmt, " GEMM needs the output's last dim N to be a multiple of 16, "
+                      "got N=", std::to_string(dm.m), " (", operands, "). Pad it to ", std::to_string(roundup(dm.m, 16)),
+                      " or keep this layer in bf16");
+    TORCH_CHECK_VALUE(g.a.scaling == te::GemmScaling::kMxfp8 || (transA && !transB), kOp, ": ", fmt,
+                      " operands run as TN (", operands, "); pass the copies whose scaling runs along K with "
+                      "transA=True and transB=False (general_gemm picks the copies)");
+    const te::DType out = dtype_code(D_dtype, "D");
+    TORCH_CHECK_VALUE(g.a.scaling != te::GemmScaling::kNvfp4 || out == te::DType::kFloat32 ||
+                          out == te::DType::kBFloat16,
+                      kOp, ": NVFP4 GEMMs write bf16 or fp32, got ", te::dtype_short_name(out), " (", operands, ")");
+    TORCH_CHECK_NOT_IMPLEMENTED(g.a.scaling == te::GemmScaling::kFp8PerTensor || ref.is_cuda(), kOp,
+                                ": not yet supported: ", fmt, " operands in the CPU kernel (", operands,
+                                "); general_gemm dequantizes them exactly on the CPU");
   }
   // Output.
   g.d_dtype = dtype_code(D_dtype, "D");
@@ -235,8 +268,9 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
   check_out("D", D, dm.n * dm.m, dm.m, fp8_out ? at::kByte : scalar_type_of(g.d_dtype), ref);
   g.d = D.data_ptr();
   if (fp8_out) {
-    TORCH_CHECK_VALUE(fp8_a && !is_fp8_block(g.a.scaling), kOp, ": FP8 output needs per-tensor FP8 operands (",
-                      operands, "); FP8 block GEMMs write bf16/fp32, then quantize");
+    TORCH_CHECK_VALUE(g.a.scaling == te::GemmScaling::kFp8PerTensor, kOp,
+                      ": FP8 output needs per-tensor FP8 operands (", operands,
+                      "); block-scaled GEMMs write bf16/fp32, then quantize");
     TORCH_CHECK_VALUE(beta == 0.0, kOp, ": accumulating into an FP8 output is not supported (", operands, ")");
     TORCH_CHECK_VALUE(D_scale.has_value() && D_amax.has_value() && D_scale_inv.has_value(), kOp,
                       ": FP8 output needs the quantizer's scale and amax and the output's scale_inv");
@@ -247,6 +281,15 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
   }
   g.alpha = float(alpha);
   g.beta = float(beta);
+  if (alpha_beta.has_value()) {
+    const Tensor& ab = *alpha_beta;
+    TORCH_CHECK_VALUE(ref.is_cuda() && ab.device() == ref.device() && ab.scalar_type() == at::kFloat &&
+                          ab.is_contiguous() && ab.dim() == 1 && ab.size(0) == 2,
+                      kOp, ": alpha_beta must be a contiguous float32 [2] tensor (alpha, beta) on the operands' CUDA "
+                      "device, got ", dtype_name(ab.scalar_type()), " ", shape_str(ab), " on ", ab.device().str());
+    g.alpha_beta = ab.data_ptr<float>();
+  }
+
   g.fast_accum = fp8_a && !use_split_accumulator;
   if (g.a.dtype == te::DType::kFloat32)
     g.allow_tf32 = at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST;
@@ -345,7 +388,7 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
   }
 #if defined(TE_WITH_CUDA)
   const c10::cuda::CUDAGuard guard(ref.device());
-  Tensor a = A_in.contiguous(), b = B_in.contiguous(), unit_scale;
+  Tensor a = A_in.contiguous(), b = B_in.contiguous();
   // Empty GEMMs (SPEC §6.1): nothing to multiply when D is empty; the bias gradient of op(B) may still be non-empty.
   if (dm.m == 0 || dm.n == 0) {
     if (g.epilogue == te::GemmEpilogue::kDGeluBGrad) bias_grad->zero_();
@@ -359,15 +402,17 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
     constexpr int64_t kPad = 16;
     a = at::zeros(transA ? std::vector<int64_t>{dm.m, kPad} : std::vector<int64_t>{kPad, dm.m}, a.options());
     b = at::zeros(transB ? std::vector<int64_t>{kPad, dm.n} : std::vector<int64_t>{dm.n, kPad}, b.options());
-    std::tie(g.a.rows, g.a.cols) = rows_cols(a);
-    std::tie(g.b.rows, g.b.cols) = rows_cols(b);
-    if (is_fp8_block(g.a.scaling)) {  // block scale matrices of K = 0 are empty: zeros need no blocks
-      unit_scale = at::ones({1}, ref.options().dtype(at::kFloat));
+    if (g.a.scaling != te::GemmScaling::kNone && g.a.scaling != te::GemmScaling::kFp8PerTensor) {
+      // Block scales of K = 0 are empty: the zeros become plain bf16 ones.
+      a = a.to(at::kBFloat16);
+      b = b.to(at::kBFloat16);
       for (te::GemmOperand* op : {&g.a, &g.b}) {
-        op->scaling = te::GemmScaling::kFp8PerTensor;
-        op->scale_inv = unit_scale.data_ptr<float>();
+        op->dtype = te::DType::kBFloat16;
+        op->scaling = te::GemmScaling::kNone;
       }
     }
+    std::tie(g.a.rows, g.a.cols) = rows_cols(a);
+    std::tie(g.b.rows, g.b.cols) = rows_cols(b);
   }
   g.a.data = a.data_ptr();
   g.b.data = b.data_ptr();

@@ -41,15 +41,16 @@ TORCH_LIBRARY(te, m) {
   m.def("fp8_transpose_into(Tensor x, Tensor(a!) out) -> ()");
   // GEMM (SPEC §6): D = alpha·op(B)·op(A) + beta·D with the epilogue picked by (bias, gelu, grad) and written into
   // the caller's buffers. Operands are plain tensors or FP8 codes (uint8) with their scale_inv and DType code;
-  // A_scaling/B_scaling name an FP8 operand's scaling (te::GemmScaling: 1 per-tensor, 4 block 1x128, 5 block
-  // 128x128; 0 = per-tensor when the operand is FP8). The FP8-output fields are the output quantizer's scale and
-  // amax and the output's scale_inv.
+  // A_scaling/B_scaling name a quantized operand's scaling (te::GemmScaling: 1 per-tensor, 2 MXFP8, 3 NVFP4,
+  // 4 FP8 block 1x128, 5 FP8 block 128x128; 0 = per-tensor when the operand is FP8). alpha_beta: device
+  // [alpha, beta] replacing the scalars (NVFP4 folds its global scales into alpha on the device). The FP8-output
+  // fields are the output quantizer's scale and amax and the output's scale_inv.
   m.def("gemm(Tensor A, Tensor? A_scale_inv, int A_dtype, bool transA, Tensor B, Tensor? B_scale_inv, int B_dtype, "
         "bool transB, Tensor(a!) D, int D_dtype, Tensor? bias=None, Tensor(b!)? bias_grad=None, "
         "Tensor(c!)? pre_gelu_out=None, Tensor? gelu_in=None, Tensor? D_scale=None, Tensor(d!)? D_amax=None, "
         "Tensor(e!)? D_scale_inv=None, Tensor? workspace=None, int workspace_size=0, bool gelu=False, "
         "bool grad=False, bool use_split_accumulator=False, float alpha=1., float beta=0., int A_scaling=0, "
-        "int B_scaling=0) -> ()");
+        "int B_scaling=0, Tensor? alpha_beta=None) -> ()");
   m.def("cublaslt_version() -> int");
 }
 
