@@ -163,13 +163,14 @@ TE_HD float fp8_to_float(uint8_t c, bool e4m3) {
 // A scale byte e stands for 2^(e - 127); 0xFF is NaN. Stored as uint8 (SPEC §2, §4.5).
 // Encode of a non-negative FP32 value, rounding UP to a power of two (not the OCP floor rule): NaN -> 0xFF,
 // +Inf -> 0xFE, zero/subnormal -> 0 if v <= 2^-127 else 1, saturating at 0xFE, else E + (mantissa != 0).
+// Written as selects, not branches (the MX kernels evaluate it per block): E + (F != 0) saturates at 0xFE, which
+// also covers E = 0xFE and +Inf; NaN (of either sign) is picked last.
 TE_HD uint8_t e8m0_encode(float v) {
   const uint32_t x = float_bits(v);
   const uint32_t e = (x >> 23) & 0xFFu, f = x & 0x7FFFFFu;
-  if (e == 0xFFu) return f != 0u ? uint8_t(0xFF) : uint8_t(0xFE);
-  if (e == 0u) return f <= 0x400000u ? uint8_t(0) : uint8_t(1);
-  if (e == 0xFEu) return uint8_t(0xFE);
-  return uint8_t(e + (f != 0u ? 1u : 0u));
+  const uint32_t up = e + (f != 0u ? 1u : 0u);
+  const uint32_t r = e == 0u ? (f > 0x400000u ? 1u : 0u) : (up > 0xFEu ? 0xFEu : up);
+  return uint8_t((x & 0x7FFFFFFFu) > 0x7F800000u ? 0xFFu : r);
 }
 
 // 2^(e - 127) exactly (the dequantize factor): e = 0 is the subnormal 2^-127.
@@ -181,8 +182,8 @@ TE_HD float e8m0_to_float(uint8_t e) {
 // 2^(127 - e) exactly (the quantize multiplier, the reciprocal of the scale): e = 254 gives the subnormal
 // 2^-127, e = 0 gives 2^127, e = 255 gives NaN. Built from bits, never divided.
 TE_HD float e8m0_multiplier(uint8_t e) {
-  if (e == 0xFFu) return bits_float(0x7FC00000u);
-  return e == 0xFEu ? bits_float(0x400000u) : bits_float(uint32_t(254u - e) << 23);
+  const uint32_t bits = e == 0xFEu ? 0x400000u : (uint32_t(254u - e) << 23);
+  return bits_float(e == 0xFFu ? 0x7FC00000u : bits);
 }
 
 // fl(1 / fp8_max) as FP32 constants: the MX scale rule multiplies by these, it never divides by fp8_max.

@@ -292,11 +292,12 @@ __device__ __forceinline__ void mx_scale_padding(const Mxfp8Params& p, const MxG
 
 // ---- Warp-tile kernel: both copies of a unary forward op, no dbias ----------------------------------------------
 // Each warp owns whole 32 x 64 tiles (no block barriers): lane l takes the 8 columns 8*(l%8).. of rows
-// 8*(l/8)..+7. While a tile is computed, the lane's 8 chunks of the warp's next tile are in flight through cp.async
-// into its own shared-memory slots (two stages; a lane reads back only what it copied, so no barrier is needed). Pass 1 per row: the op, rnd_in, the rowwise 1x32 block (4 lanes,
-// two shuffles), its codes and scale; the values stay in registers as the input dtype (exact: they were rounded to
-// it) and the column maxima accumulate. Then the column maxima over the 4 row groups (two shuffles per column),
-// the columnwise scales, and pass 2 encodes the columnwise codes from the kept values.
+// 8*(l/8)..+7. While a tile is computed, the lane's 8 chunks of the warp's next two tiles are in flight through
+// cp.async into its own shared-memory slots (two stages, each refilled as soon as the lane has read its tile into
+// registers; a lane reads back only what it copied, so no barrier is needed). Pass 1 per row: the op, rnd_in, the
+// rowwise 1x32 block (4 lanes, two shuffles), its codes and scale; the values stay in registers as the input dtype
+// (exact: they were rounded to it) and the column maxima accumulate. Then the column maxima over the 4 row groups
+// (two shuffles per column), the columnwise scales, and pass 2 encodes the columnwise codes from the kept values.
 constexpr int kMxWarpRows = 8;  // rows per lane
 constexpr int kMxWarpStages = 2;
 
@@ -338,12 +339,12 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
     act_cuda::cp_async_commit();  // an empty group past the last tile keeps the wait count uniform
   };
   int64_t t = int64_t(blockIdx.x) * kMxWarps + warp;
-  issue(t, 0);
-  if constexpr (kLut) act_cuda::lut_fill<Op, false, kMxThreads>(const_cast<float*>(mxw_lut), p.act);  // overlaps
+#pragma unroll
+  for (int s = 0; s < kMxWarpStages; ++s) issue(t + s * warps, s);
+  if constexpr (kLut) act_cuda::lut_fill<Op, false, kMxThreads, true>(const_cast<float*>(mxw_lut), p.act);  // overlaps
   for (int it = 0; t < geo.n_tiles; ++it, t += warps) {
     const int stage = it % kMxWarpStages;
-    issue(t + warps, (it + 1) % kMxWarpStages);
-    act_cuda::cp_async_wait<kMxWarpStages - 1>();
+    act_cuda::cp_async_wait<kMxWarpStages - 1>();  // this lane's copies of tile t have landed
     const int64_t tr = t / geo.n_col_tiles, tc = t - tr * geo.n_col_tiles;
     const int64_t c0 = tc * kMxTileCols + cc * kVec;
     const int64_t r0 = tr * kMxTileRows + rg * kMxWarpRows;
@@ -351,6 +352,10 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
     Vec8<InT> keep[kMxWarpRows];
 #pragma unroll
     for (int i = 0; i < kMxWarpRows; ++i) keep[i] = *reinterpret_cast<const Vec8<InT>*>(slot(stage, i));
+    // The tile now lives in registers: its slots take the copies of the tile kMxWarpStages ahead at once, so that
+    // many tiles are in flight during this one's math (the lane's own reads above were issued first; the copies
+    // land a global-memory latency later).
+    issue(t + kMxWarpStages * warps, stage);
     float cmax[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) cmax[k] = 0.0f;
@@ -358,11 +363,11 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
     for (int i = 0; i < kMxWarpRows; ++i) {
       const bool ok = col_ok && r0 + i < rows;
       float out[2][kVec], v[kVec];
-      act_cuda::eval8<Op, false, kLut>(keep[i], keep[i], keep[i], p.act, mxw_lut, out);
+      act_cuda::eval8<Op, false, kLut, true>(keep[i], keep[i], keep[i], p.act, mxw_lut, out);  // rnd_in (§5.1)
       float a = 0.0f;
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
-        v[k] = ok ? round_to<InT>(out[0][k]) : 0.0f;  // rnd_in before the block amax (SPEC §5.1)
+        v[k] = ok ? out[0][k] : 0.0f;
         a = amax_update(a, v[k]);
         cmax[k] = amax_update(cmax[k], v[k]);
         keep[i].e[k] = from_float<InT>(v[k]);          // exact: v is a value of InT
