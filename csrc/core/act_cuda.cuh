@@ -362,10 +362,18 @@ __device__ __forceinline__ void lut_fill(float* lut, const ActArgs& args) {
   __syncthreads();
 }
 
-// Byte offsets into a table of the 8 bf16 of `v`; false when any of them lies outside the table. Both halves of a
-// 32-bit word at once: d = w - 0x33003300 leaves each in-range half in [0, 0x1000) (positive) or
-// [0x8000, 0x9000) (negative), i.e. with bits 12-14 clear; an out-of-range low half may borrow from the high one,
-// but then the chunk is rejected anyway.
+// Split bf16 table (kernels whose op values are rnd_in of a unary forward op, hence bf16 values): entry i of the
+// layout above (sign i / 4096, magnitude index m = i % 4096) holds the bf16 bits of rnd_in(fwd) at byte 2 * m, plus
+// kHalfLutNegOffset for the negative half, so that the offset of an in-range half d (see lut_offsets) is 2 * d with
+// bit 15 moved to bit 16: one shift and one mask. The 56 KB between the halves are the caller's to use.
+constexpr uint32_t kHalfLutNegOffset = 0x10000u;
+constexpr uint32_t kHalfLutHalfBytes = 2u * kLutPerSign;  // 8 KB per sign
+
+// Byte offsets into a table of the 8 bf16 of `v` (kSplit: the split bf16 table, else the FP32 layout above); false
+// when any of them lies outside the table. Both halves of a 32-bit word at once: d = w - 0x33003300 leaves each
+// in-range half in [0, 0x1000) (positive) or [0x8000, 0x9000) (negative), i.e. with bits 12-14 clear; an
+// out-of-range low half may borrow from the high one, but then the chunk is rejected anyway.
+template <bool kSplit = false>
 __device__ __forceinline__ bool lut_offsets(const Vec8<bf16_t>& v, uint32_t (&off)[kVec]) {
   const uint32_t* w = reinterpret_cast<const uint32_t*>(&v);
   uint32_t any = 0u;
@@ -373,10 +381,26 @@ __device__ __forceinline__ bool lut_offsets(const Vec8<bf16_t>& v, uint32_t (&of
   for (int j = 0; j < kVec / 2; ++j) {
     const uint32_t d = w[j] - (kLutLo | (kLutLo << 16));
     any |= d;
-    off[2 * j] = ((d << 2) & 0x3FFCu) | ((d >> 1) & 0x4000u);
-    off[2 * j + 1] = ((d >> 14) & 0x3FFCu) | ((d >> 17) & 0x4000u);
+    if constexpr (kSplit) {
+      off[2 * j] = (d << 1) & 0x11FFEu;
+      off[2 * j + 1] = (d >> 15) & 0x11FFEu;
+    } else {
+      off[2 * j] = ((d << 2) & 0x3FFCu) | ((d >> 1) & 0x4000u);
+      off[2 * j + 1] = ((d >> 14) & 0x3FFCu) | ((d >> 17) & 0x4000u);
+    }
   }
   return (any & 0x70007000u) == 0u;
+}
+
+template <class Op, int kBlock>
+__device__ __forceinline__ void half_lut_fill(unsigned char* lut, const ActArgs& args) {
+  static_assert(!Op::kGated, "the split bf16 table holds rnd_in of a unary forward op");
+  for (uint32_t i = threadIdx.x; i < kLutEntries; i += kBlock) {
+    const uint32_t neg = i / kLutPerSign, m = i % kLutPerSign;
+    const float a = to_float(bf16_t{uint16_t((neg << 15) | (m + kLutLo))});
+    *reinterpret_cast<uint16_t*>(lut + neg * kHalfLutNegOffset + 2u * m) = from_float<bf16_t>(Op::Fn::fwd(a, args)).bits;
+  }
+  __syncthreads();
 }
 
 __device__ __forceinline__ float lut_at(const float* lut, uint32_t byte_off) {
@@ -524,11 +548,11 @@ template <bool kFull>
 __device__ __forceinline__ void emit8_mx_row(const float (&v)[kVec], const ActKernelParams& p, int64_t off,
                                              int64_t soff) {
   const float a = block_amax8<4, kFull>(v);
-  const uint8_t e = mx_block_code(a, p.e4m3);
-  const float m = e8m0_multiplier(e);
+  const uint32_t e = mx_block_code_u32(a, p.e4m3);
+  const float m = e8m0_multiplier_finite(e);
   const uint2 w = p.e4m3 ? encode8_t<float, false, true>(v, m) : encode8_t<float, false, false>(v, m);
   *reinterpret_cast<uint2*>(static_cast<uint8_t*>(p.out) + off) = w;
-  if ((threadIdx.x & 3u) == 0u) p.blk_scale[soff] = e;
+  if ((threadIdx.x & 3u) == 0u) p.blk_scale[soff] = uint8_t(e);
 }
 
 // Zero the padding of a scale grid (grid-stride over the padding only): the entries right of the data on its
@@ -618,13 +642,13 @@ template <class Op, bool kBwd, typename InT> struct RowwiseUnroll {
   static constexpr int value = kRaw < 1 ? 1 : kRaw;
 };
 
-// Table path: whether a block double-buffers its steps in registers: forward ops to plain, FP8 or MXFP8 outputs
-// (H200, 16384x8192 bf16: gelu -> MXFP8 84.7 -> 86.0 % of copy bandwidth, swiglu -> MXFP8 86.0 -> 91.6 %). Not
-// backward ops (they need those registers themselves: they would spill), nor NVFP4, whose E2M1 encoding keeps the
-// SM busy enough that the second register set only costs (gelu -> NVFP4 317 -> 326 us).
+// Table path: whether a block double-buffers its steps in registers: forward ops to plain, FP8, MXFP8 or NVFP4
+// outputs (H200, 16384x8192 bf16: gelu -> MXFP8 84.7 -> 86.0 % of copy bandwidth, swiglu -> MXFP8 86.0 -> 91.6 %,
+// gelu -> NVFP4 rowwise 268 -> 260 us), not backward ops (they need those registers themselves: they would spill).
 template <bool kBwd, OutKind kOut> struct RowwisePrefetch {
   static constexpr bool value = !kBwd && (kOut == OutKind::kPlain || kOut == OutKind::kDelayed ||
-                                          kOut == OutKind::kCurrent || kOut == OutKind::kMxRow);
+                                          kOut == OutKind::kCurrent || kOut == OutKind::kMxRow ||
+                                          kOut == OutKind::kNvRow);
 };
 
 struct RowwiseGeom {
@@ -691,8 +715,8 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
     }
   };
   float amax = 0.0f;
-  // kWhole (std::true_type): every chunk of the step exists for every thread (whole steps of the table path), so
-  // no per-chunk bound checks and full-warp shuffles in the block emitters.
+  // kWhole: every chunk of the step exists for every thread (whole steps of the table path), so no per-chunk bound
+  // checks and full-warp shuffles in the block emitters.
   auto compute_step = [&](const Regs& r, uint32_t step, int units, auto whole) {
     constexpr bool kWhole = decltype(whole)::value;
 #pragma unroll
@@ -726,7 +750,9 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
       }
     }
   };
-  const std::true_type whole{};
+  // Whole rounds skip the checks for the block formats only: the other kinds keep their measured code (H200: gelu ->
+  // FP8 delayed ran 3 % slower with the checks dropped).
+  const std::integral_constant<bool, kBlk> whole{};
   const std::false_type checked{};
 
   const uint32_t first = blockIdx.x * per_step;
