@@ -163,13 +163,14 @@ TE_HD float fp8_to_float(uint8_t c, bool e4m3) {
 // A scale byte e stands for 2^(e - 127); 0xFF is NaN. Stored as uint8 (SPEC §2, §4.5).
 // Encode of a non-negative FP32 value, rounding UP to a power of two (not the OCP floor rule): NaN -> 0xFF,
 // +Inf -> 0xFE, zero/subnormal -> 0 if v <= 2^-127 else 1, saturating at 0xFE, else E + (mantissa != 0).
+// Written as one add and selects, not branches (the MX kernels evaluate it per block): on the magnitude bits a,
+// (a + 0x7FFFFF) >> 23 is E + (F != 0); saturating it at 0xFE also covers E = 0xFE and +Inf; a <= 0x400000 (zero and
+// subnormals up to 2^-127) gives 0; NaN (of either sign) is picked last.
 TE_HD uint8_t e8m0_encode(float v) {
-  const uint32_t x = float_bits(v);
-  const uint32_t e = (x >> 23) & 0xFFu, f = x & 0x7FFFFFu;
-  if (e == 0xFFu) return f != 0u ? uint8_t(0xFF) : uint8_t(0xFE);
-  if (e == 0u) return f <= 0x400000u ? uint8_t(0) : uint8_t(1);
-  if (e == 0xFEu) return uint8_t(0xFE);
-  return uint8_t(e + (f != 0u ? 1u : 0u));
+  const uint32_t a = float_bits(v) & 0x7FFFFFFFu;
+  const uint32_t up = (a + 0x7FFFFFu) >> 23;
+  const uint32_t r = a <= 0x400000u ? 0u : (up > 0xFEu ? 0xFEu : up);
+  return uint8_t(a > 0x7F800000u ? 0xFFu : r);
 }
 
 // 2^(e - 127) exactly (the dequantize factor): e = 0 is the subnormal 2^-127.
@@ -181,8 +182,8 @@ TE_HD float e8m0_to_float(uint8_t e) {
 // 2^(127 - e) exactly (the quantize multiplier, the reciprocal of the scale): e = 254 gives the subnormal
 // 2^-127, e = 0 gives 2^127, e = 255 gives NaN. Built from bits, never divided.
 TE_HD float e8m0_multiplier(uint8_t e) {
-  if (e == 0xFFu) return bits_float(0x7FC00000u);
-  return e == 0xFEu ? bits_float(0x400000u) : bits_float(uint32_t(254u - e) << 23);
+  const uint32_t bits = e == 0xFEu ? 0x400000u : (uint32_t(254u - e) << 23);
+  return bits_float(e == 0xFFu ? 0x7FC00000u : bits);
 }
 
 // fl(1 / fp8_max) as FP32 constants: the MX scale rule multiplies by these, it never divides by fp8_max.
@@ -193,5 +194,15 @@ constexpr float kInvE5m2Max = 0x1.24924ap-16f;  // fl(1/57344)
 TE_HD uint8_t mx_block_code(float block_amax, bool e4m3) {
   return e8m0_encode(block_amax * (e4m3 ? kInvE4m3Max : kInvE5m2Max));
 }
+// The same code as a 32-bit value for kernels whose block amax comes from amax_update (NaN-free, >= +0, possibly
+// +Inf): then v = amax * fl(1/fp8_max) is a non-negative non-NaN float and e8m0_encode needs neither the sign mask
+// nor the NaN select (same code for every such v); the result is at most 0xFE.
+TE_HD uint32_t mx_block_code_u32(float block_amax, bool e4m3) {
+  const uint32_t a = float_bits(block_amax * (e4m3 ? kInvE4m3Max : kInvE5m2Max));
+  const uint32_t up = (a + 0x7FFFFFu) >> 23;
+  return a <= 0x400000u ? 0u : (up > 0xFEu ? 0xFEu : up);
+}
+// e8m0_multiplier of a code <= 0xFE (mx_block_code_u32's range): no NaN select.
+TE_HD float e8m0_multiplier_finite(uint32_t e) { return bits_float(e == 0xFEu ? 0x400000u : ((254u - e) << 23)); }
 
 }  // namespace te

@@ -38,6 +38,11 @@ struct MxGeom {
   int64_t out_cols = 0;
   int64_t n_row_tiles = 0, n_col_tiles = 0, n_tiles = 0;
   bool vec = false;  // 16-byte aligned inputs and 8-byte aligned outputs
+  // Warp-tile kernel: bytes between the rowwise scales of consecutive rows (16 swizzled, the padded row compact);
+  // columnwise scales compact and 8-byte aligned (8 consecutive columns' scales are one 8-byte store; swizzled,
+  // consecutive columns are 16 bytes apart).
+  int64_t row_scale_step = 0;
+  bool col_scale_vec = false;
 };
 
 // Staging of the input tiles in flight: per stage, one slot of kVec raw elements per thread and input stream
@@ -95,6 +100,21 @@ __device__ __forceinline__ void mx_store8(uint8_t* dst, uint2 w, bool vec) {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) dst[k] = uint8_t((k < 4 ? w.x : w.y) >> (8 * (k % 4)));
   }
+}
+
+// Eight values that are values of InT (rounded to it) -> their InT encodings, exactly; bf16 takes the upper halves
+// of the FP32 bit patterns, two per byte permute.
+template <typename InT> __device__ __forceinline__ Vec8<InT> pack_exact(const float (&v)[kVec]) {
+  Vec8<InT> r;
+  if constexpr (std::is_same<InT, bf16_t>::value) {
+    uint32_t* w = reinterpret_cast<uint32_t*>(&r);
+#pragma unroll
+    for (int k = 0; k < kVec; k += 2) w[k / 2] = __byte_perm(float_bits(v[k]), float_bits(v[k + 1]), 0x7632);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) r.e[k] = from_float<InT>(v[k]);
+  }
+  return r;
 }
 
 template <class Op, bool kBwd, typename InT, bool kLut>
@@ -292,19 +312,36 @@ __device__ __forceinline__ void mx_scale_padding(const Mxfp8Params& p, const MxG
 
 // ---- Warp-tile kernel: both copies of a unary forward op, no dbias ----------------------------------------------
 // Each warp owns whole 32 x 64 tiles (no block barriers): lane l takes the 8 columns 8*(l%8).. of rows
-// 8*(l/8)..+7. While a tile is computed, the lane's 8 chunks of the warp's next tile are in flight through cp.async
-// into its own shared-memory slots (two stages; a lane reads back only what it copied, so no barrier is needed). Pass 1 per row: the op, rnd_in, the rowwise 1x32 block (4 lanes,
-// two shuffles), its codes and scale; the values stay in registers as the input dtype (exact: they were rounded to
-// it) and the column maxima accumulate. Then the column maxima over the 4 row groups (two shuffles per column),
-// the columnwise scales, and pass 2 encodes the columnwise codes from the kept values.
+// 8*(l/8)..+7. While a tile is computed, the lane's 8 chunks of the warp's next two tiles are in flight through
+// cp.async into its own shared-memory slots (two stages, each refilled as soon as the lane has read its tile into
+// registers; a lane reads back only what it copied, so no barrier is needed). Pass 1 per row: the op and rnd_in (for
+// bf16 inputs of exp-based functors one lookup of the bf16 result per value), the rowwise 1x32 block (4 lanes, two
+// shuffles), its codes and scale; the values stay in registers as the input dtype (exact: they were rounded to it)
+// and the column maxima accumulate. Then the column maxima over the 4 row groups (two shuffles per column), the
+// columnwise scales, and pass 2 encodes the columnwise codes from the kept values. A lane's 8 rows and 8 columns
+// have their scale bytes at fixed steps from the first (MxGeom::row_scale_step; 1 or 16 for the columns), so no
+// scale offset is computed per row or column.
 constexpr int kMxWarpRows = 8;  // rows per lane
 constexpr int kMxWarpStages = 2;
 
-// Shared memory of the warp-tile kernel: the tables (if any), then per warp and stage 8 rows x 32 lanes of chunks.
+// Shared memory of the warp-tile kernel: per warp and stage a slot of 8 rows x 32 lanes of chunks (4 KB for 16-bit
+// inputs). kLut (bf16 inputs of a tabulated functor): the split bf16 table of rnd_in(fwd) (act_cuda::half_lut_fill,
+// 16 KB over a 72 KB span) is there too; the first slots fill the gap between its halves, the others follow the
+// negative half (80 KB in all: two blocks per SM, as with the 32 KB FP32 table before it, whose lookups took more
+// integer instructions: gelu -> MXFP8 both copies 176.4 -> 169.7 us, H200).
 template <typename InT, bool kLut> struct MxWarpLayout {
-  static constexpr size_t kLutBytes = kLut ? act_cuda::LutPlan<ActOp<Identity, false>, false>::kBytes : 0;
   static constexpr size_t kStageBytes = size_t(kMxWarpRows) * 32 * sizeof(Vec8<InT>);
-  static constexpr size_t kBytes = kLutBytes + size_t(kMxWarps) * kMxWarpStages * kStageBytes;
+  static constexpr int kSlots = kMxWarps * kMxWarpStages;
+  static constexpr int kGapSlots =
+      kLut ? int((act_cuda::kHalfLutNegOffset - act_cuda::kHalfLutHalfBytes) / kStageBytes) : 0;
+  static constexpr size_t kTail = act_cuda::kHalfLutNegOffset + act_cuda::kHalfLutHalfBytes;
+  static constexpr size_t slot_offset(int s) {
+    return !kLut ? size_t(s) * kStageBytes
+                 : (s < kGapSlots ? act_cuda::kHalfLutHalfBytes + size_t(s) * kStageBytes
+                                  : kTail + size_t(s - kGapSlots) * kStageBytes);
+  }
+  static constexpr size_t kBytes = slot_offset(kSlots);
+  static_assert(!kLut || (sizeof(InT) == 2 && kGapSlots <= kSlots), "the split table is for bf16 inputs");
 };
 
 template <class Op, typename InT, bool kLut>
@@ -312,17 +349,16 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
   static_assert(!Op::kGated, "unary ops only");
   using WL = MxWarpLayout<InT, kLut>;
   extern __shared__ __align__(16) unsigned char mxw_smem[];
-  const float* mxw_lut = reinterpret_cast<const float*>(mxw_smem);
   if (p.noop != nullptr && *p.noop == 1.0f) return;
   const int64_t rows = p.rows, out_cols = geo.out_cols;
   const char* x = static_cast<const char*>(p.x);
   const int lane = threadIdx.x % 32, cc = lane % 8, rg = lane / 8, warp = threadIdx.x / 32;
   const int64_t warps = int64_t(gridDim.x) * kMxWarps;
-  // This lane's slot for row i of a stage.
-  auto slot = [&](int stage, int i) {
-    return mxw_smem + WL::kLutBytes + (warp * kMxWarpStages + stage) * WL::kStageBytes +
-           (i * 32 + lane) * sizeof(Vec8<InT>);
-  };
+  static_assert(kMxWarpStages == 2, "two slots per warp");
+  unsigned char* const slots[2] = {mxw_smem + WL::slot_offset(warp * kMxWarpStages) + lane * sizeof(Vec8<InT>),
+                                   mxw_smem + WL::slot_offset(warp * kMxWarpStages + 1) + lane * sizeof(Vec8<InT>)};
+  // This lane's chunk of row i in a stage's slot.
+  auto slot = [&](int stage, int i) { return (stage ? slots[1] : slots[0]) + i * 32 * sizeof(Vec8<InT>); };
   auto issue = [&](int64_t t, int stage) {
     if (t < geo.n_tiles) {
       const int64_t tr = t / geo.n_col_tiles, tc = t - tr * geo.n_col_tiles;
@@ -338,12 +374,12 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
     act_cuda::cp_async_commit();  // an empty group past the last tile keeps the wait count uniform
   };
   int64_t t = int64_t(blockIdx.x) * kMxWarps + warp;
-  issue(t, 0);
-  if constexpr (kLut) act_cuda::lut_fill<Op, false, kMxThreads>(const_cast<float*>(mxw_lut), p.act);  // overlaps
+#pragma unroll
+  for (int s = 0; s < kMxWarpStages; ++s) issue(t + s * warps, s);
+  if constexpr (kLut) act_cuda::half_lut_fill<Op, kMxThreads>(mxw_smem, p.act);  // overlaps the first copies
   for (int it = 0; t < geo.n_tiles; ++it, t += warps) {
     const int stage = it % kMxWarpStages;
-    issue(t + warps, (it + 1) % kMxWarpStages);
-    act_cuda::cp_async_wait<kMxWarpStages - 1>();
+    act_cuda::cp_async_wait<kMxWarpStages - 1>();  // this lane's copies of tile t have landed
     const int64_t tr = t / geo.n_col_tiles, tc = t - tr * geo.n_col_tiles;
     const int64_t c0 = tc * kMxTileCols + cc * kVec;
     const int64_t r0 = tr * kMxTileRows + rg * kMxWarpRows;
@@ -351,46 +387,88 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
     Vec8<InT> keep[kMxWarpRows];
 #pragma unroll
     for (int i = 0; i < kMxWarpRows; ++i) keep[i] = *reinterpret_cast<const Vec8<InT>*>(slot(stage, i));
+    // The tile now lives in registers: its slots take the copies of the tile kMxWarpStages ahead at once, so that
+    // many tiles are in flight during this one's math (the lane's own reads above were issued first; the copies
+    // land a global-memory latency later).
+    issue(t + kMxWarpStages * warps, stage);
+    // Rows of this lane that exist (none past the last column); the staged copies of the others are zero-filled.
+    const int n_ok = col_ok ? int(min(rows - r0, int64_t(kMxWarpRows))) : 0;
+    // This lane's first row of codes (the next ones follow out_cols bytes apart) and scale bytes of its first row /
+    // column (the next ones follow at fixed steps: r0 and c0 are multiples of 8, so its 8 rows / columns share a
+    // 32-group of the swizzled layout).
+    const int64_t data0 = r0 * out_cols + c0;
+    uint8_t* row_scale =
+        p.row_data == nullptr ? nullptr : p.row_scale + mx_row_scale_offset(r0, c0 / kMxBlock, out_cols, p.swizzled);
+    const int64_t cs0 = mx_col_scale_offset(tr, c0, rows, out_cols, p.swizzled);
     float cmax[kVec];
 #pragma unroll
     for (int k = 0; k < kVec; ++k) cmax[k] = 0.0f;
 #pragma unroll
     for (int i = 0; i < kMxWarpRows; ++i) {
-      const bool ok = col_ok && r0 + i < rows;
-      float out[2][kVec], v[kVec];
-      act_cuda::eval8<Op, false, kLut>(keep[i], keep[i], keep[i], p.act, mxw_lut, out);
-      float a = 0.0f;
+      const bool ok = i < n_ok;
+      float v[kVec];  // rnd_in(op) (SPEC §5.1); keep[i] becomes the same values as InT
+      bool hit = false;
+      if constexpr (kLut) {
+        uint32_t off[kVec];
+        if (act_cuda::lut_offsets<true>(keep[i], off)) {
+          uint32_t* w = reinterpret_cast<uint32_t*>(&keep[i]);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        v[k] = ok ? round_to<InT>(out[0][k]) : 0.0f;  // rnd_in before the block amax (SPEC §5.1)
-        a = amax_update(a, v[k]);
-        cmax[k] = amax_update(cmax[k], v[k]);
-        keep[i].e[k] = from_float<InT>(v[k]);          // exact: v is a value of InT
+          for (int k = 0; k < kVec; k += 2) {
+            const uint32_t lo = *reinterpret_cast<const uint16_t*>(mxw_smem + off[k]);
+            const uint32_t hi = *reinterpret_cast<const uint16_t*>(mxw_smem + off[k + 1]);
+            v[k] = bits_float(lo << 16);
+            v[k + 1] = bits_float(hi << 16);
+            w[k / 2] = lo + (hi << 16);
+          }
+          hit = true;
+        }
       }
-      a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 1));
-      a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 2));
+      if (!hit) {
+        float out[2][kVec];
+        act_cuda::eval8<Op, false, false, true>(keep[i], keep[i], keep[i], p.act, nullptr, out);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) v[k] = out[0][k];
+        keep[i] = pack_exact<InT>(v);
+      }
+      // The 4 lanes of a 1x32 block share the row and the column range: a block that does not exist is not
+      // stored, so only the column maxima skip the missing rows.
+      const float a = act_cuda::block_amax8<4, true>(v);
+      if (ok) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) cmax[k] = amax_update(cmax[k], v[k]);
+      }
       if (ok && p.row_data != nullptr) {
-        const uint8_t e = mx_block_code(a, p.e4m3);
-        mx_store8(p.row_data + (r0 + i) * out_cols + c0, mx_encode8(v, e8m0_multiplier(e), p.e4m3), true);
-        if (cc % 4 == 0) p.row_scale[mx_row_scale_offset(r0 + i, c0 / kMxBlock, out_cols, p.swizzled)] = e;
+        const uint32_t e = mx_block_code_u32(a, p.e4m3);
+        mx_store8(p.row_data + data0 + i * out_cols, mx_encode8(v, e8m0_multiplier_finite(e), p.e4m3), true);
+        if (cc % 4 == 0) row_scale[i * geo.row_scale_step] = uint8_t(e);
       }
     }
     float cmul[kVec];
+    uint32_t ecodes[2] = {0u, 0u};
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
       float a = amax_update(cmax[k], __shfl_xor_sync(0xFFFFFFFFu, cmax[k], 8));
       a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 16));
-      const uint8_t e = mx_block_code(a, p.e4m3);
-      cmul[k] = e8m0_multiplier(e);
-      if (rg == 0 && col_ok) p.col_scale[mx_col_scale_offset(tr, c0 + k, rows, out_cols, p.swizzled)] = e;
+      const uint32_t e = mx_block_code_u32(a, p.e4m3);
+      cmul[k] = e8m0_multiplier_finite(e);
+      ecodes[k / 4] |= e << (8 * (k % 4));
+    }
+    if (rg == 0 && col_ok) {
+      if (geo.col_scale_vec) {  // compact, 8-byte aligned: the 8 column scales are 8 consecutive bytes
+        *reinterpret_cast<uint2*>(p.col_scale + cs0) = make_uint2(ecodes[0], ecodes[1]);
+      } else {
+        const int64_t step = p.swizzled ? 16 : 1;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) p.col_scale[cs0 + step * k] = uint8_t(ecodes[k / 4] >> (8 * (k % 4)));
+      }
     }
 #pragma unroll
     for (int i = 0; i < kMxWarpRows; ++i) {
-      if (!col_ok || r0 + i >= rows) continue;
+      if (i >= n_ok) continue;
       float q[kVec];
 #pragma unroll
       for (int k = 0; k < kVec; ++k) q[k] = to_float(keep[i].e[k]) * cmul[k];
-      mx_store8(p.col_data + (r0 + i) * out_cols + c0, mx_encode8(q, 1.0f, p.e4m3), true);
+      mx_store8(p.col_data + data0 + i * out_cols, mx_encode8(q, 1.0f, p.e4m3), true);
     }
   }
   act_cuda::cp_async_wait<0>();
@@ -398,10 +476,11 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
 }
 
 template <class Op, typename T>
-void launch_mxfp8_warp(const Mxfp8Params& p, const MxGeom& geo, cudaStream_t stream) {
+void launch_mxfp8_warp(const Mxfp8Params& p, MxGeom geo, cudaStream_t stream) {
+  geo.row_scale_step = p.swizzled ? 16 : roundup(geo.out_cols / kMxBlock, 4);
+  geo.col_scale_vec = !p.swizzled && (reinterpret_cast<uintptr_t>(p.col_scale) % 8) == 0;
   constexpr bool kLut = Op::Fn::kTabulate && std::is_same<T, bf16_t>::value;
   constexpr auto kernel = mxfp8_warp_kernel<Op, T, kLut>;
-  static_assert(!kLut || MxWarpLayout<T, kLut>::kLutBytes == act_cuda::LutPlan<Op, false>::kBytes, "table bytes");
   const size_t smem = MxWarpLayout<T, kLut>::kBytes;
   const int per_sm = std::max(1, act_cuda::resident_per_sm<kernel>(kMxThreads, smem));
   const int64_t warp_tiles_per_block = kMxThreads / 32;
