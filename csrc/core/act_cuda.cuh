@@ -604,6 +604,20 @@ __device__ __forceinline__ void emit8_nv_row(const float (&v)[kVec], const ActKe
   if ((threadIdx.x & 1u) == 0u) p.blk_scale[soff] = sf;
 }
 
+// The same for the rowwise table path of a unary bf16 forward op: the block multiplier comes from `enc_tab` (entry
+// sf = nvfp4_block_multiplier(sf, S_dec), filled per block; sf <= 0x7E since the amax is >= 0 and NaN-free) instead
+// of a decode and a division, and `finite` chunks (table values: no NaN products) take nvfp4_pack8_nonan.
+template <bool kFull>
+__device__ __forceinline__ void emit8_nv_row_tab(const float (&v)[kVec], bool finite, const ActKernelParams& p,
+                                                 const NvGlobal& gs, const float* enc_tab, int64_t off, int64_t soff) {
+  const float a = block_amax8<2, kFull>(v);
+  const uint32_t sf = float2_to_fp8x2<true>(a * (gs.s_enc * kInv6), 0.0f);  // high byte: the code of 0
+  const float enc = enc_tab[sf];
+  *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(p.out) + off / 2) =
+      finite ? nvfp4_pack8_nonan(v, enc) : nvfp4_pack8(v, enc);
+  if ((threadIdx.x & 1u) == 0u) p.blk_scale[soff] = uint8_t(sf);
+}
+
 // Zero padding of the NVFP4 scale tensors of a launch (rowwise when `out` is set, columnwise when `out_t` is).
 __device__ __forceinline__ void nv_scale_padding(const ActKernelParams& p, int64_t out_cols) {
   const int64_t rows = p.rows;
@@ -660,6 +674,24 @@ struct RowwiseGeom {
                              // per chunk row (scale entry = chunk / chunks per block)
 };
 
+// NVFP4 rowwise table path: the block multipliers of scale codes 0..127 sit in the gap of the split bf16 table.
+__device__ __forceinline__ const float* nv_enc_tab(const float* lut) {
+  return reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(lut) + kHalfLutHalfBytes);
+}
+constexpr size_t kNvTabBytes = kHalfLutNegOffset + kHalfLutHalfBytes;
+static_assert(kHalfLutHalfBytes + 128 * 4 <= kHalfLutNegOffset, "the multipliers fit between the table halves");
+
+template <class Op, bool kBwd, bool kRnd, bool kNvTab>
+__device__ __forceinline__ void rowwise_tables(float* lut, const ActArgs& args, const NvGlobal& nv) {
+  if constexpr (kNvTab) {
+    float* enc = const_cast<float*>(nv_enc_tab(lut));
+    if (threadIdx.x < 128) enc[threadIdx.x] = nvfp4_block_multiplier(uint8_t(threadIdx.x), nv.s_dec);
+    half_lut_fill<Op, kRowThreads>(reinterpret_cast<unsigned char*>(lut), args);  // ends with a barrier
+  } else {
+    lut_fill<Op, kBwd, kRowThreads, kRnd>(lut, args);
+  }
+}
+
 template <class Op, bool kBwd, typename InT, OutKind kOut, bool kLut>
 __global__ void __launch_bounds__(kRowThreads, sizeof(InT) == 4 ? 1 : 2)
 act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
@@ -670,6 +702,9 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
   // Block formats: values rounded to the input dtype (SPEC §5.1) by eval8; kBlkChunks chunks per 1xN block.
   constexpr bool kBlk = kOut == OutKind::kMxRow || kOut == OutKind::kNvRow;
   constexpr uint32_t kBlkChunks = uint32_t((kOut == OutKind::kNvRow ? kNvBlock : kMxBlock) / kVec);
+  // NVFP4 rowwise, table path of a unary bf16 forward op: the split bf16 table (rnd_in(fwd) as bf16 bits, one shift
+  // and one mask per offset), the block multipliers of the 128 scale codes in the gap between its halves.
+  constexpr bool kNvTab = kOut == OutKind::kNvRow && kLut && !kGated && !kBwd && std::is_same<InT, bf16_t>::value;
   __shared__ float red[kRowThreads / 32];
   extern __shared__ float lut[];
 
@@ -726,7 +761,21 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
       int64_t xoff, ooff;
       offsets(ci, xoff, ooff);
       float out[2][kVec];
-      eval8<Op, kBwd, kLut, kBlk>(r.a[u], r.b[u], r.g[u], p.act, lut, out);
+      bool finite = false;
+      if constexpr (kNvTab) {
+        uint32_t toff[kVec];
+        finite = lut_offsets<true>(r.a[u], toff);
+        if (finite) {
+          const unsigned char* tb = reinterpret_cast<const unsigned char*>(lut);
+#pragma unroll
+          for (int k = 0; k < kVec; ++k)
+            out[0][k] = bits_float(uint32_t(*reinterpret_cast<const uint16_t*>(tb + toff[k])) << 16);
+        } else {
+          eval8<Op, kBwd, false, true>(r.a[u], r.b[u], r.g[u], p.act, lut, out);
+        }
+      } else {
+        eval8<Op, kBwd, kLut, kBlk>(r.a[u], r.b[u], r.g[u], p.act, lut, out);
+      }
 #pragma unroll
       for (int h = 0; h < (kTwoOut ? 2 : 1); ++h) {
         if constexpr (kBlk) {
@@ -741,6 +790,8 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
           }
           if constexpr (kOut == OutKind::kMxRow) {
             emit8_mx_row<kWhole>(out[h], p, ooff + h * cols, soff);
+          } else if constexpr (kNvTab) {
+            emit8_nv_row_tab<kWhole>(out[h], finite, p, nv, nv_enc_tab(lut), ooff + h * cols, soff);
           } else {
             emit8_nv_row<kWhole>(out[h], p, nv, ooff + h * cols, soff);
           }
@@ -764,7 +815,7 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
   if constexpr (kLut && kPrefetch) {
     // Two register sets: the next step's loads are in flight during this step's math.
     if (first < full_end) load_step(r0, first, step_units);
-    lut_fill<Op, kBwd, kRowThreads, kBlk>(lut, p.act);  // overlaps the first loads
+    rowwise_tables<Op, kBwd, kBlk, kNvTab>(lut, p.act, nv);  // overlaps the first loads
     for (uint32_t step = first; step < full_end; step += 2 * stride) {
       if (step + stride < full_end) load_step(r1, step + stride, step_units);
       compute_step(r0, step, step_units, whole);
@@ -775,7 +826,7 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
   } else {
     if constexpr (kLut) {
       if (first < full_end) load_step(r0, first, step_units);
-      lut_fill<Op, kBwd, kRowThreads, kBlk>(lut, p.act);  // overlaps the first loads
+      rowwise_tables<Op, kBwd, kBlk, kNvTab>(lut, p.act, nv);  // overlaps the first loads
     }
     for (uint32_t step = first; step < full_end; step += stride) {
       if (!kLut || step != first) load_step(r0, step, step_units);
@@ -1337,7 +1388,8 @@ void launch_rowwise(const ActKernelParams& p, uint32_t cpr, uint32_t n_chunks, c
   if constexpr (Op::Fn::kTabulate && std::is_same<T, bf16_t>::value) {
     // Tables pay off when each resident block walks several steps after filling them.
     constexpr auto kernel = act_rowwise_kernel<Op, kBwd, T, kOut, true>;
-    constexpr size_t kSmem = LutPlan<Op, kBwd>::kBytes;
+    constexpr bool kNvTab = kOut == OutKind::kNvRow && !Op::kGated && !kBwd;
+    constexpr size_t kSmem = kNvTab ? kNvTabBytes : LutPlan<Op, kBwd>::kBytes;
     const int64_t resident = int64_t(resident_per_sm<kernel>(kRowThreads, kSmem)) * sms;
     if (resident > 0 && (force_tables() || (!small && blocks >= 4 * resident))) {
       kernel<<<unsigned(std::min(blocks, resident)), kRowThreads, kSmem, stream>>>(p, geo);
