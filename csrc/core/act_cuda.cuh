@@ -761,7 +761,7 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
       int64_t xoff, ooff;
       offsets(ci, xoff, ooff);
       float out[2][kVec];
-      bool finite = false;
+      [[maybe_unused]] bool finite = false;
       if constexpr (kNvTab) {
         uint32_t toff[kVec];
         finite = lut_offsets<true>(r.a[u], toff);
@@ -910,7 +910,8 @@ act_strip_kernel(const ActKernelParams p, int64_t block_rows, int64_t n_strips, 
 // column scales are known; the transposed codes (2 bytes per column and row group) and the column scales are
 // staged in `tile` and leave as 16-byte runs along the rows of the transposed copy.
 template <typename InT, int kOuts, class Eval>
-__device__ __forceinline__ void nv_pipe_tile(const ActKernelParams& p, const NvGlobal& gs, uint32_t* tile,
+__device__ __forceinline__ void nv_pipe_tile(const ActKernelParams& p, const NvGlobal& gs, const float* enc_tab,
+                                             uint32_t* tile,
                                              int64_t m0, int64_t col_base, int64_t o_cols, Eval&& eval) {
   const int64_t rows = p.rows, cols = p.cols;
   const int tid = threadIdx.x, cchunk = tid % 8, rgroup = tid / 8;
@@ -943,8 +944,7 @@ __device__ __forceinline__ void nv_pipe_tile(const ActKernelParams& p, const NvG
       if (ok && p.out != nullptr) {
         const uint8_t sf = nvfp4_block_scale(a, gs.s_enc);
         const int64_t off = r * o_cols + h * cols + c0;
-        *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(p.out) + off / 2) =
-            nvfp4_pack8(v, nvfp4_block_multiplier(sf, gs.s_dec));
+        *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(p.out) + off / 2) = nvfp4_pack8(v, enc_tab[sf]);
         if (cchunk % 2 == 0) p.blk_scale[nv_row_scale_offset(r, (h * cols + c0) / kNvBlock, o_cols, p.blk_swizzled)] = sf;
       }
     }
@@ -962,7 +962,7 @@ __device__ __forceinline__ void nv_pipe_tile(const ActKernelParams& p, const NvG
       float a = amax_update(cmax[h][k], __shfl_xor_sync(0xFFFFFFFFu, cmax[h][k], 8));
       a = amax_update(a, __shfl_xor_sync(0xFFFFFFFFu, a, 16));
       const uint8_t sf = nvfp4_block_scale(a, gs.s_enc);
-      const float enc = nvfp4_block_multiplier(sf, gs.s_dec);
+      const float enc = enc_tab[sf];  // sf <= 0x7E: the amax is >= 0 and NaN-free
       uint32_t nib = 0u;
 #pragma unroll
       for (int i = 0; i < kRowsPerThread; ++i) nib |= uint32_t(e2m1_encode(to_float(keep[h][i].e[k]) * enc)) << (4 * i);
@@ -1096,6 +1096,12 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
 #pragma unroll
   for (int s = 0; s < kPipeStages - 1; ++s) issue(t + s * int64_t(gridDim.x), s);
   if constexpr (kLut) lut_fill<Op, kBwd, kThreads>(const_cast<float*>(lut), p.act);  // overlaps the first loads
+  // NVFP4: the block multipliers of the 128 scale codes an amax can give (no decode and division per block).
+  __shared__ float nv_enc[Tr::kNv ? 128 : 1];
+  if constexpr (Tr::kNv) {
+    for (int i = threadIdx.x; i < 128; i += kThreads) nv_enc[i] = nvfp4_block_multiplier(uint8_t(i), nv.s_dec);
+    __syncthreads();
+  }
   float amax = 0.0f;
   for (int it = 0; t < geo.tiles; ++it, t += gridDim.x) {
     const int stage = it % kPipeStages;
@@ -1106,7 +1112,7 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
     const int64_t m0 = rt * kActBlockRows;
     const int64_t c0 = col_base + cchunk * kVec;
     if constexpr (Tr::kNv) {
-      nv_pipe_tile<InT, kOuts>(p, nv, tile, m0, col_base, o_cols, [&](int i, float (&out)[2][kVec]) {
+      nv_pipe_tile<InT, kOuts>(p, nv, nv_enc, tile, m0, col_base, o_cols, [&](int i, float (&out)[2][kVec]) {
         const Vec8<InT> va = *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, 0, i));
         const Vec8<InT> vb = kGated ? *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, 1, i)) : va;
         const Vec8<InT> vg = kBwd ? *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, L::kStreams - 1, i)) : va;
