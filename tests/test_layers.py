@@ -7,6 +7,7 @@ multiplies the dequantized values in float64 — this one is tight, so a wrong l
 """
 import math
 import os
+import warnings
 
 import pytest
 import torch
@@ -582,6 +583,34 @@ def test_bad_arguments():
         tex.DelayedScaling(amax_compute_algo="mean")
     with pytest.raises(NotImplementedError):
         tex.MXFP8BlockScaling(enable_2d_quantization=True)
+
+
+def test_nvfp4_recipe_turns_rht_off_for_non_bf16_activations(monkeypatch):
+    """SPEC §8: NVFP4's Hadamard transform takes bf16 only, so a layer computing in fp32 runs the recipe without it,
+    warning once, and gives exactly what disable_rht=True gives; under bf16 autocast the transform stays."""
+    import transformer_engine_torch.modules as modules
+
+    monkeypatch.setattr(modules, "_RHT_OFF_WARNED", set())
+    torch.manual_seed(3)
+    layer = tex.MLP(64, 64)
+    x, dy = make_inputs((64, 64), (64, 64), "cpu", torch.float32)
+
+    def run(recipe, bf16=False):
+        torch.manual_seed(5)  # the stochastic-rounding bits come from the default generator
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            return run_fwd_bwd(layer, x, dy, recipe)
+
+    with pytest.warns(UserWarning, match="Hadamard transform takes bfloat16 activations only"):
+        got = run(tex.NVFP4BlockScaling())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = run(tex.NVFP4BlockScaling())  # warned once
+        with_rht = run(tex.NVFP4BlockScaling(), bf16=True)
+    want = run(tex.NVFP4BlockScaling(disable_rht=True))
+    for a, b in zip([got[0]] + got[1] + [again[0]] + again[1], [want[0]] + want[1] + [want[0]] + want[1]):
+        assert torch.equal(a, b)
+    without = run(tex.NVFP4BlockScaling(disable_rht=True), bf16=True)
+    assert not torch.equal(with_rht[1][1], without[1][1])  # fc1's wgrad reads the transformed X and dH
 
 
 def test_recipe_defaults_and_switches(monkeypatch):
