@@ -5,8 +5,10 @@ layer tolerances), and for Linear an emulation that quantizes each operand with 
 its GEMM (rowwise X and W for fprop, columnwise W and rowwise dY for dgrad, columnwise X and dY for wgrad) and
 multiplies the dequantized values in float64 — this one is tight, so a wrong layout or stored copy fails it.
 """
+import functools
 import math
 import os
+import warnings
 
 import pytest
 import torch
@@ -492,27 +494,38 @@ def test_compile_fullgraph_mlp_forward_backward(recipe):
 
 
 # ---- training ------------------------------------------------------------------------------------------------------
-def train(recipe, steps=60, seed=0):
-    """A 3-layer model on a synthetic regression task (a fixed random teacher plus noise), bf16 autocast, AdamW; returns the
-    mean loss over the last 5 steps."""
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(tex.Linear(32, 64), tex.MLP(64, 128, activation="gelu"), tex.Linear(64, 32))
-    teacher = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 32))
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    g = torch.Generator().manual_seed(seed + 1)
+def fit(forward, params, teacher, steps, g):
+    """AdamW (lr 3e-3) on batches of 128 x ~ N(0, 1) of width 32 drawn from `g`, target = teacher(x) + N(0, 0.1²)
+    (noise floor 0.01), MSE of `forward(x)` under bf16 autocast; returns the mean loss of the first 5 steps and of the
+    last 5."""
+    opt = torch.optim.AdamW(params, lr=3e-3)
     losses = []
     for _ in range(steps):
         x = torch.randn(128, 32, generator=g)
         with torch.no_grad():
-            target = teacher(x) + 0.1 * torch.randn(x.shape[0], 32, generator=g)  # noise floor 0.01
-        with torch.autocast("cpu", dtype=torch.bfloat16), tex.autocast(enabled=recipe is not None, recipe=recipe):
-            y = model(x)
+            target = teacher(x) + 0.1 * torch.randn(x.shape[0], 32, generator=g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = forward(x)
         loss = F.mse_loss(y.float(), target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         losses.append(loss.item())
     return sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+
+
+def train(recipe, steps=60, seed=0):
+    """A 3-layer model, every layer under the recipe, learning a fixed random teacher (Linear, tanh, Linear) with
+    `fit`; returns (first, last) mean losses."""
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(tex.Linear(32, 64), tex.MLP(64, 128, activation="gelu"), tex.Linear(64, 32))
+    teacher = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 32))
+
+    def forward(x):
+        with tex.autocast(enabled=recipe is not None, recipe=recipe):
+            return model(x)
+
+    return fit(forward, model.parameters(), teacher, steps, torch.Generator().manual_seed(seed + 1))
 
 
 TRAIN_RECIPES = {**RECIPES, "fp8-block": lambda: tex.Float8BlockScaling(), "nvfp4": lambda: tex.NVFP4BlockScaling()}
@@ -527,15 +540,66 @@ def test_training_matches_bf16(recipe):
     assert abs(fp8 - bf16) <= 0.05 * bf16
 
 
-def test_training_nvfp4_learns_within_25_percent():
-    """NVFP4BlockScaling (RHT + stochastic rounding on the gradients, 2-D weights) on the same tiny task: it learns,
-    but its final loss is 21.4 % above bf16 (measured on CPU), NOT within the issue's 5 %: E2M1's error dominates
-    a 0.01 noise floor at these widths (32-128). This guards the measured gap from growing."""
-    first_bf16, bf16 = train(None)
-    first, nv = train(TRAIN_RECIPES["nvfp4"]())
-    print(f"\nfinal loss bf16 {bf16:.5f}, nvfp4 {nv:.5f} ({(nv / bf16 - 1) * 100:+.2f} %); first {first:.4f}")
-    assert nv < 0.5 * first
-    assert abs(nv - bf16) <= 0.25 * bf16
+class _Residual(torch.nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, x):
+        return x + self.block(x)
+
+
+def train_blocks(recipe, steps=120, seed=0, freeze_blocks=False):
+    """The recipe where it runs at scale: an input projection Linear(32, 128) and an output head Linear(128, 32) in
+    bf16, outside the recipe (as NVIDIA's NVFP4 training recipe keeps the embedding and the output head in high
+    precision), between them two residual MLP(128, 256, gelu) blocks inside `tex.autocast(recipe)`. The teacher is a
+    linear map plus an even quadratic feature map `((x·A)² − 1)·B` that no linear model can fit, its variance (about
+    0.01) as large as the noise floor: the quantized blocks must learn it (`freeze_blocks=True`, the blocks left at
+    their initialisation, ends far above). Trained with `fit`; returns (first, last) mean losses."""
+    torch.manual_seed(seed)
+    stem, head = tex.Linear(32, 128), tex.Linear(128, 32)
+    blocks = torch.nn.Sequential(*[_Residual(tex.MLP(128, 256, activation="gelu")) for _ in range(2)])
+    params = list(stem.parameters()) + list(head.parameters()) + ([] if freeze_blocks else list(blocks.parameters()))
+    g = torch.Generator().manual_seed(seed + 1)
+    lin = torch.randn(32, 32, generator=g) * (0.25 / 32 ** 0.5)
+    a = torch.randn(32, 64, generator=g) / 32 ** 0.5
+    b = torch.randn(64, 32, generator=g) * (0.07 / 64 ** 0.5)
+
+    def forward(x):
+        h = stem(x)
+        with tex.autocast(enabled=recipe is not None, recipe=recipe):
+            h = blocks(h)
+        return head(h)
+
+    return fit(forward, params, lambda x: x @ lin + ((x @ a) ** 2 - 1) @ b, steps, g)
+
+
+@functools.lru_cache(maxsize=None)
+def bf16_blocks_baseline():
+    """train_blocks in bf16: ((first, last) trained, (first, last) with the blocks frozen at init), shared by the
+    recipes' tests."""
+    return train_blocks(None), train_blocks(None, freeze_blocks=True)
+
+
+@pytest.mark.parametrize("recipe", MAIN_RECIPES + ["mxfp8-hybrid", "fp8-block", "nvfp4"])
+def test_training_blocks_match_bf16(recipe):
+    """Issue 5 with the first and last layers in bf16 (train_blocks): every recipe's final loss within 5 % of bf16,
+    NVFP4BlockScaling (RHT and stochastic rounding on the gradients, 2-D weights) included. NVFP4 needs these ends in
+    bf16: with every layer of the model of test_training_matches_bf16 in NVFP4 it ends 21 % above bf16, and not from a
+    bug: an NVFP4 GEMM has the ~14 % relative error of E2M1 with 16-element blocks (~10 % per operand; the three GEMMs
+    of a Linear measure 14-18 %, as their operands' errors predict), and that model trained in bf16 then run with an
+    NVFP4 forward pass is already 17 % worse; the input projection and the head put that noise straight into the
+    output. Broken NVFP4 wiring fails here (measured, dequantization patched): the wgrad's Hadamard transform undone on
+    one operand only +73 %, the activation's global amax left out of the fprop +38 %, the weight's columnwise copy
+    scrambled in the dgrad +29 %. (The FP8 recipes are also held to 5 % with every layer quantized,
+    test_training_matches_bf16.)"""
+    (first_bf16, bf16), (_, frozen) = bf16_blocks_baseline()
+    first, got = train_blocks(TRAIN_RECIPES[recipe]())
+    print(f"\nfinal loss bf16 {bf16:.5f}, {recipe} {got:.5f} ({(got / bf16 - 1) * 100:+.2f} %); bf16 with the blocks "
+          f"left at init {frozen:.5f} ({(frozen / bf16 - 1) * 100:+.1f} %); first {first:.4f}")
+    assert bf16 < 0.2 * first_bf16  # it learns
+    assert frozen > 1.3 * bf16  # the quantized blocks carry a part of the fit far larger than the 5 % margin
+    assert abs(got - bf16) <= 0.05 * bf16
 
 
 # ---- errors ----------------------------------------------------------------------------------------------------------
@@ -582,6 +646,34 @@ def test_bad_arguments():
         tex.DelayedScaling(amax_compute_algo="mean")
     with pytest.raises(NotImplementedError):
         tex.MXFP8BlockScaling(enable_2d_quantization=True)
+
+
+def test_nvfp4_recipe_turns_rht_off_for_non_bf16_activations(monkeypatch):
+    """SPEC §8: NVFP4's Hadamard transform takes bf16 only, so a layer computing in fp32 runs the recipe without it,
+    warning once, and gives exactly what disable_rht=True gives; under bf16 autocast the transform stays."""
+    import transformer_engine_torch.modules as modules
+
+    monkeypatch.setattr(modules, "_RHT_OFF_WARNED", set())
+    torch.manual_seed(3)
+    layer = tex.MLP(64, 64)
+    x, dy = make_inputs((64, 64), (64, 64), "cpu", torch.float32)
+
+    def run(recipe, bf16=False):
+        torch.manual_seed(5)  # the stochastic-rounding bits come from the default generator
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            return run_fwd_bwd(layer, x, dy, recipe)
+
+    with pytest.warns(UserWarning, match="Hadamard transform takes bfloat16 activations only"):
+        got = run(tex.NVFP4BlockScaling())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = run(tex.NVFP4BlockScaling())  # warned once
+        with_rht = run(tex.NVFP4BlockScaling(), bf16=True)
+    want = run(tex.NVFP4BlockScaling(disable_rht=True))
+    for a, b in zip([got[0]] + got[1] + [again[0]] + again[1], [want[0]] + want[1] + [want[0]] + want[1]):
+        assert torch.equal(a, b)
+    without = run(tex.NVFP4BlockScaling(disable_rht=True), bf16=True)
+    assert not torch.equal(with_rht[1][1], without[1][1])  # fc1's wgrad reads the transformed X and dH
 
 
 def test_recipe_defaults_and_switches(monkeypatch):

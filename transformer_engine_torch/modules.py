@@ -26,6 +26,7 @@ slots right after the layer's forward, backward slots right after its backward.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional
 
 import torch
@@ -72,6 +73,24 @@ def _check_alignment(layer: str, recipe, dims: dict) -> None:
                 f"{layer}: under {type(recipe).__name__} every GEMM dim must be a multiple of {a} (SPEC §6.5), got "
                 f"{name}={v}. Pad {name} to {(v + a - 1) // a * a}, or keep this layer in bf16 by running it outside "
                 f"tex.autocast (or inside tex.autocast(enabled=False))")
+
+
+_RHT_OFF_WARNED = set()
+
+
+def _layer_configs(recipe, act_dtype) -> tuple:
+    """(input, weight, grad_output) quantizer configs of a layer computing in `act_dtype`. NVFP4's Hadamard transform
+    takes bf16 only, so for other activation dtypes the layer turns it off on the input and gradient copies (SPEC §8),
+    warning once per dtype; everything else of the recipe stays."""
+    cfgs = tuple(recipe.quantizer_config(role) for role in ("input", "weight", "grad_output"))
+    if act_dtype == torch.bfloat16 or not any(c[0] == "nvfp4" and c[1] for c in cfgs):
+        return cfgs
+    if act_dtype not in _RHT_OFF_WARNED:
+        _RHT_OFF_WARNED.add(act_dtype)
+        warnings.warn(f"NVFP4BlockScaling: the random Hadamard transform takes bfloat16 activations only; this layer "
+                      f"computes in {act_dtype}, so it runs without RHT (run it under torch.autocast(dtype="
+                      f"torch.bfloat16) or with bf16 parameters to keep it)", stacklevel=2)
+    return tuple(("nvfp4", False) + c[2:] if c[0] == "nvfp4" else c for c in cfgs)
 
 
 def _gemm(A, transA, B, transB, out_dtype, bias=None, split=False):
@@ -230,9 +249,9 @@ class Linear(_DelayedMixin, torch.nn.Module):
             dims["tokens (flattened leading dims of the input)"] = x.numel() // max(self.in_features, 1)
         _check_alignment(f"Linear({self.in_features}, {self.out_features})", recipe, dims)
         fs, fh, bs, bh = self._delayed_state(recipe, x.device)
-        cfgs = (recipe.quantizer_config("input"), recipe.quantizer_config("weight"),
-                recipe.quantizer_config("grad_output"))
-        y = _LinearFn.apply(x, self.weight, self.bias, _activation_dtype(x), cfgs, recipe, fs, fh, bs, bh)
+        act_dtype = _activation_dtype(x)
+        cfgs = _layer_configs(recipe, act_dtype)
+        y = _LinearFn.apply(x, self.weight, self.bias, act_dtype, cfgs, recipe, fs, fh, bs, bh)
         if fs is not None:
             update_delayed_scaling(fh, fs, recipe, cfgs[0][1], get_amax_reduction_group())
         return y
@@ -384,10 +403,10 @@ class MLP(_DelayedMixin, torch.nn.Module):
             dims["tokens (flattened leading dims of the input)"] = x.numel() // max(self.hidden_size, 1)
         _check_alignment(f"MLP({self.hidden_size}, {self.ffn_hidden_size}, {self.activation!r})", recipe, dims)
         fs, fh, bs, bh = self._delayed_state(recipe, x.device)
-        cfgs = (recipe.quantizer_config("input"), recipe.quantizer_config("weight"),
-                recipe.quantizer_config("grad_output"))
+        act_dtype = _activation_dtype(x)
+        cfgs = _layer_configs(recipe, act_dtype)
         y = _MLPFn.apply(x, self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias, self.activation,
-                         _activation_dtype(x), cfgs, recipe, fs, fh, bs, bh)
+                         act_dtype, cfgs, recipe, fs, fh, bs, bh)
         if fs is not None:
             update_delayed_scaling(fh, fs, recipe, cfgs[0][1], get_amax_reduction_group())
         return y
