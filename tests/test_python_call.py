@@ -1,4 +1,4 @@
-"""`_C.call(op, *args)` (csrc/torch/python_call.cpp), the wrappers' eager entry to the ops, is `op(*args)`: the same
+"""`_C.call(op, args)` (csrc/torch/python_call.cpp), the wrappers' eager entry to the ops, is `op(*args)`: the same
 outputs bit for bit, the same in-place updates, autograd and errors; tensor subclasses and __torch_function__ modes
 take torch's own path."""
 import pytest
@@ -13,7 +13,7 @@ def _call(op, *args):
     tex_module()
     from transformer_engine_torch import _C
 
-    return _C.call(op, *args)
+    return _C.call(op, args)
 
 
 def _clone(a):

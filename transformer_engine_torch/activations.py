@@ -56,25 +56,25 @@ def _activation(op: str, code: int, x, quantizer, args=_DEFAULT_ARGS):
     dtype = _check_input(op, "input", x)
     if quantizer is None:
         # Default parameters are left to the schema.
-        return call(_ACT, x, code) if args is _DEFAULT_ARGS else call(_ACT, x, code, *args)
+        return call(_ACT, (x, code)) if args is _DEFAULT_ARGS else call(_ACT, (x, code, *args))
     check_quantizer(op, quantizer)
     if _reduces_amax(quantizer):
         from .cast import quantize
 
-        return quantize(call(_ACT, x, code, *args), quantizer)
-    return quantizer._wrap(call(_ACT_QUANTIZE, x, code, *args, *quantizer._spec()), dtype)
+        return quantize(call(_ACT, (x, code, *args)), quantizer)
+    return quantizer._wrap(call(_ACT_QUANTIZE, (x, code, *args, *quantizer._spec())), dtype)
 
 
 def _dactivation(op: str, code: int, grad, x, quantizer, args=_DEFAULT_ARGS):
     dtype = _check_backward_inputs(op, grad, x)
     if quantizer is None:
-        return call(_DACT, grad, x, code) if args is _DEFAULT_ARGS else call(_DACT, grad, x, code, *args)
+        return call(_DACT, (grad, x, code)) if args is _DEFAULT_ARGS else call(_DACT, (grad, x, code, *args))
     check_quantizer(op, quantizer)
     if _reduces_amax(quantizer):
         from .cast import quantize
 
-        return quantize(call(_DACT, grad, x, code, *args), quantizer)
-    return quantizer._wrap(call(_DACT_QUANTIZE, grad, x, code, *args, *quantizer._spec()), dtype)
+        return quantize(call(_DACT, (grad, x, code, *args)), quantizer)
+    return quantizer._wrap(call(_DACT_QUANTIZE, (grad, x, code, *args, *quantizer._spec())), dtype)
 
 
 def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
@@ -83,9 +83,9 @@ def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
     if _reduces_amax(quantizer):
         from .cast import bgrad_quantize
 
-        return bgrad_quantize(call(_DACT, grad, x, code), quantizer)
+        return bgrad_quantize(call(_DACT, (grad, x, code)), quantizer)
     spec = NO_QUANTIZER_SPEC if quantizer is None else quantizer._spec()
-    outs = call(_DBIAS_DACT, grad, x, code, *spec)
+    outs = call(_DBIAS_DACT, (grad, x, code, *spec))
     if quantizer is None:
         return outs[0], outs[1]
     return outs[0], quantizer._wrap(outs[1:], dtype)

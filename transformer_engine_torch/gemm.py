@@ -215,9 +215,9 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
         bias_grad = bias_grad_buf if bias_grad_buf is not None else torch.empty(n, dtype=vec_dt, device=dev)
     if isinstance(workspace, torch.Tensor) and workspace.numel() == 0:
         workspace = None
-    call(_GEMM, a, a_sinv, a_code, ta, b, b_sinv, b_code, tb, d_buf, d_code, op_bias, bias_grad, pre_gelu,
-         gelu_in if (gelu and grad) else None, d_scale, d_amax, d_sinv, workspace, int(workspace_size or 0),
-         bool(gelu), bool(grad), bool(use_split_accumulator), float(alpha), float(beta))
+    call(_GEMM, (a, a_sinv, a_code, ta, b, b_sinv, b_code, tb, d_buf, d_code, op_bias, bias_grad, pre_gelu,
+                 gelu_in if (gelu and grad) else None, d_scale, d_amax, d_sinv, workspace, int(workspace_size or 0),
+                 bool(gelu), bool(grad), bool(use_split_accumulator), float(alpha), float(beta)))
 
     if fp8_out:
         out = d_user if d_user is not None else Float8Tensor._from_op(
