@@ -139,3 +139,48 @@ def test_call_defers_to_torch_function():
     with _Recorder() as mode:
         y = _call(op, x, 0)
     assert mode.seen == [op] and torch.equal(y, op(x, 0))
+
+
+def test_call_keep_mask():
+    """Outputs outside `keep` come back as None; the others are the op's."""
+    tex_module()
+    q = torch.ops.te.quantize.default
+    x = uniform((4, 16))
+    args = (x, 2, 7, True, False)
+    full = q(*args)
+    part = _call_keep(q, args, 0b10)
+    assert part[0] is None and all(p is None for p in part[2:])
+    assert torch.equal(part[1], full[1])
+    assert _call_keep(torch.ops.te.act.default, (x, 0), 0) is None
+
+
+def _call_keep(op, args, keep):
+    from transformer_engine_torch import _C
+
+    return _C.call(op, args, keep)
+
+
+def _quantizers(tex):
+    e4m3 = tex.DType.kFloat8E4M3
+    for row, col in ((True, True), (True, False), (False, True)):
+        yield tex.Float8Quantizer(torch.ones(1), torch.zeros(1), e4m3, rowwise=row, columnwise=col)
+        yield tex.Float8CurrentScalingQuantizer(e4m3, rowwise=row, columnwise=col)
+        yield tex.MXFP8Quantizer(e4m3, rowwise=row, columnwise=col)
+        yield tex.Float8BlockQuantizer(e4m3, rowwise=row, columnwise=col, block_scaling_dim=1)
+        yield tex.NVFP4Quantizer(rowwise=row, columnwise=col)
+
+
+def test_pieces_cover_what_wrap_reads():
+    """Each quantizer's `_pieces()` names every op output its `_wrap` reads: the wrapped tensor is the same when
+    the other outputs are None (as `_C.call` returns them)."""
+    tex = tex_module()
+    x = uniform((32, 64), torch.bfloat16)
+    for qz in _quantizers(tex):
+        outs = torch.ops.te.quantize.default(x, *qz._spec())
+        keep = qz._pieces()
+        kept = tuple(t if (keep >> i) & 1 else None for i, t in enumerate(outs))
+        a, b = qz._wrap(outs, x.dtype), qz._wrap(kept, x.dtype)
+        assert torch.equal(a.dequantize(), b.dequantize()), type(qz).__name__
+        assert vars(a).keys() == vars(b).keys()
+        for k, v in vars(a).items():
+            assert (v is None) == (vars(b)[k] is None), (type(qz).__name__, k)

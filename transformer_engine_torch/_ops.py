@@ -17,14 +17,15 @@ QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8, QKIND_NVFP4, QKIN
 _is_compiling = torch.compiler.is_dynamo_compiling
 
 
-def call(op, args: tuple):
+def call(op, args: tuple, keep: int = -1):
     """`op(*args)` for a te op and a tuple of positional arguments. Eagerly through `_C.call`, which converts the
     arguments by the op's schema and dispatches the same way, a few microseconds of host time less per call than
-    torch's generic Python binding (python_call.cpp); under torch.compile through the op itself, which dynamo
-    traces (it cannot trace into C)."""
+    torch's generic Python binding (python_call.cpp); outputs whose bit in `keep` is clear may come back as None
+    (no Python object is made for what the caller does not read). Under torch.compile through the op itself, which
+    dynamo traces (it cannot trace into C)."""
     if _is_compiling():
         return op(*args)
-    return _C.call(op, args)
+    return _C.call(op, args, keep)
 
 
 def _fwd_shape(x, act):

@@ -62,7 +62,7 @@ def _activation(op: str, code: int, x, quantizer, args=_DEFAULT_ARGS):
         from .cast import quantize
 
         return quantize(call(_ACT, (x, code, *args)), quantizer)
-    return quantizer._wrap(call(_ACT_QUANTIZE, (x, code, *args, *quantizer._spec())), dtype)
+    return quantizer._wrap(call(_ACT_QUANTIZE, (x, code, *args, *quantizer._spec()), quantizer._pieces()), dtype)
 
 
 def _dactivation(op: str, code: int, grad, x, quantizer, args=_DEFAULT_ARGS):
@@ -74,7 +74,8 @@ def _dactivation(op: str, code: int, grad, x, quantizer, args=_DEFAULT_ARGS):
         from .cast import quantize
 
         return quantize(call(_DACT, (grad, x, code, *args)), quantizer)
-    return quantizer._wrap(call(_DACT_QUANTIZE, (grad, x, code, *args, *quantizer._spec())), dtype)
+    return quantizer._wrap(call(_DACT_QUANTIZE, (grad, x, code, *args, *quantizer._spec()), quantizer._pieces()),
+                           dtype)
 
 
 def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
@@ -84,10 +85,11 @@ def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
         from .cast import bgrad_quantize
 
         return bgrad_quantize(call(_DACT, (grad, x, code)), quantizer)
-    spec = NO_QUANTIZER_SPEC if quantizer is None else quantizer._spec()
-    outs = call(_DBIAS_DACT, (grad, x, code, *spec))
     if quantizer is None:
+        outs = call(_DBIAS_DACT, (grad, x, code, *NO_QUANTIZER_SPEC), 0b11)
         return outs[0], outs[1]
+    # grad_bias first, then the six pieces.
+    outs = call(_DBIAS_DACT, (grad, x, code, *quantizer._spec()), 1 | quantizer._pieces() << 1)
     return outs[0], quantizer._wrap(outs[1:], dtype)
 
 
