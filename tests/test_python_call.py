@@ -96,11 +96,12 @@ def test_call_errors_equal_ops(bad):
 
 def test_call_accepts_what_torch_accepts():
     """IntEnum codes for ints, ints for floats, None for optional tensors, torch dtypes, and (through torch's own
-    binding) a float for a bool; equal results."""
+    binding) a float for a bool and bools for an int and a float; equal results."""
     tex = tex_module()
     x = uniform((4, 16))
     q = torch.ops.te.quantize.default
-    for args in ((x, 2, tex.DType.kFloat8E4M3, True, True, 0, 0, 1, None, None, None), (x, 2, 7, 1.0, False)):
+    for args in ((x, 2, tex.DType.kFloat8E4M3, True, True, 0, 0, 1, None, None, None), (x, 2, 7, 1.0, False),
+                 (x, 2, 7, True, False, False, True)):
         _assert_same(q(*args), _call(q, *args), "quantize")
     d = torch.ops.te.dequantize_fp8.default
     data = torch.arange(16, dtype=torch.uint8).reshape(2, 8)

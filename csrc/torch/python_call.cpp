@@ -125,7 +125,7 @@ bool push_arg(ArgKind kind, PyObject* obj, torch::jit::Stack& stack) {
       }
       return push_tensor(obj, stack);
     case ArgKind::kInt: {
-      if (!PyLong_Check(obj)) return false;
+      if (!PyLong_Check(obj) || PyBool_Check(obj)) return false;
       int overflow = 0;
       const long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
       if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
@@ -140,7 +140,7 @@ bool push_arg(ArgKind kind, PyObject* obj, torch::jit::Stack& stack) {
         stack.emplace_back(PyFloat_AS_DOUBLE(obj));
         return true;
       }
-      if (PyLong_Check(obj)) {
+      if (PyLong_Check(obj) && !PyBool_Check(obj)) {
         const double v = PyLong_AsDouble(obj);
         if (v == -1.0 && PyErr_Occurred()) {
           PyErr_Clear();
