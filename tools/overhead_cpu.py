@@ -1,6 +1,7 @@
 """Host-side cost of one small op call, measured on the CPU with tiny tensors: the Python wrapper, the quantizer
-spec/wrap, torch's binding and dispatcher, the C++ bridge and, for 8x16 inputs, a few microseconds of CPU kernel
-(the rows on a 0-row input leave only the host overhead).
+spec/wrap, the entry into C++ (the wrappers' _C.call, or torch's binding for a bare op), the dispatcher, the C++
+bridge and, for 8x16 inputs, a few microseconds of CPU kernel (the rows on a 0-row input leave only the host
+overhead). On a shared host the figures move by 10-20 % between runs: compare rows of one run.
 
 python3 tools/overhead_cpu.py [--profile NAME]   (NAME: a row label, prints a cProfile of that call)
 """
@@ -24,6 +25,8 @@ x0 = torch.empty(0, 16, dtype=torch.bfloat16)  # no rows: the kernels do nothing
 cs = tex.Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, columnwise=False)
 dl = tex.Float8Quantizer(torch.ones(1), torch.zeros(1), tex.DType.kFloat8E4M3, columnwise=False)
 act = torch.ops.te.act.default
+act_quantize = torch.ops.te.act_quantize.default
+spec = cs._spec()
 
 ROWS = {
     "tex.gelu(x, None)": lambda: tex.gelu(x, None),
@@ -35,7 +38,10 @@ ROWS = {
     "tex.gelu(x0, None) [0 rows]": lambda: tex.gelu(x0, None),
     "tex.gelu(x0, current) [0 rows]": lambda: tex.gelu(x0, cs),
     "te.act op (no wrapper)": lambda: act(x, 0, 7.0, 1.702, 1.0),
+    "te.act_quantize op [0 rows]": lambda: act_quantize(x0, 0, 7.0, 1.702, 1.0, *spec),
+    "_C.call(act_quantize) [0 rows]": lambda: tex._C.call(act_quantize, (x0, 0, 7.0, 1.702, 1.0) + spec),
     "torch.relu(x) (reference)": lambda: torch.relu(x),
+    "torch.relu(x0) [0 rows]": lambda: torch.relu(x0),
 }
 
 

@@ -2,15 +2,30 @@
 file never restates them. Fake kernels return the real shapes, dtypes and strides (all contiguous) so
 torch.compile traces without running anything. Trailing arguments at their schema defaults are not passed to
 these kernels, so each takes the arguments it does not read as `*rest`. The autograd of `te::act` is
-registered in C++ (csrc/torch/activation_autograd.cpp), where a call that needs no graph costs no Python."""
+registered in C++ (csrc/torch/activation_autograd.cpp), where a call that needs no graph costs no Python.
+The wrappers call the ops through `call` (eager: csrc/torch/python_call.cpp)."""
 from __future__ import annotations
 
 import torch
 
+from . import _C
 from .tensors import _transposed_shape, fp8_block_scale_shapes, mxfp8_scale_shapes, nvfp4_data_shapes, nvfp4_scale_shapes
 
 GATED = {1, 2, 4, 6, 8, 10, 11}
 QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8, QKIND_NVFP4, QKIND_FP8_BLOCK = range(6)
+
+_is_compiling = torch.compiler.is_dynamo_compiling
+
+
+def call(op, args: tuple, keep: int = -1):
+    """`op(*args)` for a te op and a tuple of positional arguments. Eagerly through `_C.call`, which converts the
+    arguments by the op's schema and dispatches the same way, a few microseconds of host time less per call than
+    torch's generic Python binding (python_call.cpp); outputs whose bit in `keep` is clear may come back as None
+    (no Python object is made for what the caller does not read). Under torch.compile through the op itself, which
+    dynamo traces (it cannot trace into C)."""
+    if _is_compiling():
+        return op(*args)
+    return _C.call(op, args, keep)
 
 
 def _fwd_shape(x, act):

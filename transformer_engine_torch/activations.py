@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ._ops import call
 from .dtypes import FLOAT_DTYPES
 from .quantizers import NO_QUANTIZER_SPEC, Float8CurrentScalingQuantizer, check_quantizer
 
@@ -54,26 +55,27 @@ def _reduces_amax(quantizer) -> bool:
 def _activation(op: str, code: int, x, quantizer, args=_DEFAULT_ARGS):
     dtype = _check_input(op, "input", x)
     if quantizer is None:
-        # Default parameters are left to the schema: each argument passed costs host time (Quantizer._spec).
-        return _ACT(x, code) if args is _DEFAULT_ARGS else _ACT(x, code, *args)
+        # Default parameters are left to the schema.
+        return call(_ACT, (x, code)) if args is _DEFAULT_ARGS else call(_ACT, (x, code, *args))
     check_quantizer(op, quantizer)
     if _reduces_amax(quantizer):
         from .cast import quantize
 
-        return quantize(_ACT(x, code, *args), quantizer)
-    return quantizer._wrap(_ACT_QUANTIZE(x, code, *args, *quantizer._spec()), dtype)
+        return quantize(call(_ACT, (x, code, *args)), quantizer)
+    return quantizer._wrap(call(_ACT_QUANTIZE, (x, code, *args, *quantizer._spec()), quantizer._pieces()), dtype)
 
 
 def _dactivation(op: str, code: int, grad, x, quantizer, args=_DEFAULT_ARGS):
     dtype = _check_backward_inputs(op, grad, x)
     if quantizer is None:
-        return _DACT(grad, x, code) if args is _DEFAULT_ARGS else _DACT(grad, x, code, *args)
+        return call(_DACT, (grad, x, code)) if args is _DEFAULT_ARGS else call(_DACT, (grad, x, code, *args))
     check_quantizer(op, quantizer)
     if _reduces_amax(quantizer):
         from .cast import quantize
 
-        return quantize(_DACT(grad, x, code, *args), quantizer)
-    return quantizer._wrap(_DACT_QUANTIZE(grad, x, code, *args, *quantizer._spec()), dtype)
+        return quantize(call(_DACT, (grad, x, code, *args)), quantizer)
+    return quantizer._wrap(call(_DACT_QUANTIZE, (grad, x, code, *args, *quantizer._spec()), quantizer._pieces()),
+                           dtype)
 
 
 def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
@@ -82,11 +84,12 @@ def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
     if _reduces_amax(quantizer):
         from .cast import bgrad_quantize
 
-        return bgrad_quantize(_DACT(grad, x, code, *_DEFAULT_ARGS), quantizer)
-    spec = NO_QUANTIZER_SPEC if quantizer is None else quantizer._spec()
-    outs = _DBIAS_DACT(grad, x, code, *spec)
+        return bgrad_quantize(call(_DACT, (grad, x, code)), quantizer)
     if quantizer is None:
+        outs = call(_DBIAS_DACT, (grad, x, code, *NO_QUANTIZER_SPEC), 0b11)
         return outs[0], outs[1]
+    # grad_bias first, then the six pieces.
+    outs = call(_DBIAS_DACT, (grad, x, code, *quantizer._spec()), 1 | quantizer._pieces() << 1)
     return outs[0], quantizer._wrap(outs[1:], dtype)
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ._ops import call
 from .dtypes import FLOAT_DTYPES, as_fp8_dtype, to_torch_dtype
 from .quantizers import (Float8BlockQuantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer, NVFP4Quantizer,
                          check_quantizer)
@@ -42,7 +43,8 @@ def quantize(tensor, quantizer, output=None, noop=None):
     check_quantizer("quantize", quantizer, allow_none=False)
     if output is None and noop is None:
         # A quantizer with neither usage is refused by the op (ValueError) before anything is allocated.
-        return quantizer._wrap(_QUANTIZE(tensor, *_spec_for(tensor, quantizer)), tensor.dtype)
+        return quantizer._wrap(call(_QUANTIZE, (tensor, *_spec_for(tensor, quantizer)), quantizer._pieces()),
+                               tensor.dtype)
     # Checked here, before `output` loses the buffers this quantizer does not want.
     quantizer._check_usage("quantize")
     if output is None:
@@ -198,7 +200,7 @@ def bgrad_quantize(input, quantizer):
     if quantizer is None:
         k = input.shape[-1] if input.dim() else 1
         return input.reshape(-1, k).float().sum(0).to(input.dtype), input
-    outs = _BGRAD_QUANTIZE(input, *_spec_for(input, quantizer))
+    outs = call(_BGRAD_QUANTIZE, (input, *_spec_for(input, quantizer)), 1 | quantizer._pieces() << 1)
     return outs[0], quantizer._wrap(outs[1:], input.dtype)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ._ops import call
 from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
 from .quantizers import Float8Quantizer, Quantizer, check_quantizer
 from .tensors import (Float8Tensor, QuantizedTensor, _transposed_shape, swizzle_mx_scales,
@@ -294,10 +295,10 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
         bias_grad = bias_grad_buf if bias_grad_buf is not None else torch.empty(n, dtype=vec_dt, device=dev)
     if isinstance(workspace, torch.Tensor) and workspace.numel() == 0:
         workspace = None
-    _GEMM(a, a_sinv, a_code, ta, b, b_sinv, b_code, tb, d_buf, d_code, op_bias, bias_grad, pre_gelu,
-          gelu_in if (gelu and grad) else None, d_scale, d_amax, d_sinv, workspace, int(workspace_size or 0),
-          bool(gelu), bool(grad), bool(use_split_accumulator), float(alpha), float(beta), a_scaling, b_scaling,
-          alpha_beta)
+    call(_GEMM, (a, a_sinv, a_code, ta, b, b_sinv, b_code, tb, d_buf, d_code, op_bias, bias_grad, pre_gelu,
+                 gelu_in if (gelu and grad) else None, d_scale, d_amax, d_sinv, workspace, int(workspace_size or 0),
+                 bool(gelu), bool(grad), bool(use_split_accumulator), float(alpha), float(beta), a_scaling, b_scaling,
+                 alpha_beta))
 
     if fp8_out:
         out = d_user if d_user is not None else Float8Tensor._from_op(

@@ -72,13 +72,18 @@ class Quantizer:
     def _spec(self, noop=None) -> tuple:
         """(qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax, noop), passed
         positionally. Trailing fields at their schema defaults (registration.cpp: 0, 0.0, 1, None, None, None)
-        are left out: torch's Python binding spends host time on every argument passed (registration.cpp)."""
+        are left out: each argument passed costs host time to convert (registration.cpp, python_call.cpp)."""
         raise NotImplementedError
 
     def _wrap(self, outs, dtype):
         """The quantized tensor of nominal `dtype` made of an op's six pieces (SPEC §1.4); its shape is read off
         the pieces."""
         raise NotImplementedError
+
+    def _pieces(self) -> int:
+        """Bit i set: `_wrap` reads piece i of the six. The others (0-element placeholders) are left out of the
+        Python objects `_ops.call` makes (`keep`). Here the block formats' data and scales of each copy."""
+        return (3 if self.rowwise_usage else 0) | (12 if self.columnwise_usage else 0)
 
     def _check_usage(self, op):
         if not (self.rowwise_usage or self.columnwise_usage):
@@ -104,6 +109,10 @@ class _Float8PerTensorQuantizer(Quantizer):
     """Shared by the delayed and current per-tensor FP8 quantizers: both produce a Float8Tensor."""
 
     dtype: DType
+
+    def _pieces(self):
+        # Data, the scale_inv both copies share, transposed data.
+        return (1 if self.rowwise_usage else 0) | 2 | (4 if self.columnwise_usage else 0)
 
     def _wrap(self, outs, dtype):
         # The tensor refers to the quantizer that made it (as TE's tensors do), no per-call copy.
@@ -377,6 +386,10 @@ class NVFP4Quantizer(Quantizer):
         if noop is None and amax is None:
             return head
         return head + (0.0, 1, None, amax, noop)
+
+    def _pieces(self):
+        # Each copy's data, scales and amax (pieces 0, 1, 4 rowwise; 2, 3, 5 columnwise).
+        return (0b010011 if self.rowwise_usage else 0) | (0b101100 if self.columnwise_usage else 0)
 
     def _wrap(self, outs, dtype):
         row = outs[0] if self.rowwise_usage else None

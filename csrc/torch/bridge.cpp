@@ -4,8 +4,10 @@
 #include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/EmptyTensor.h>
 #if defined(TE_WITH_CUDA)
 #include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <ATen/cuda/EmptyTensor.h>
 #endif
 
 
@@ -239,6 +241,13 @@ te::RngState nvfp4_rng_state(const QuantSpec& spec, const Tensor& ref) {
   s.seed = gen.get<at::CPUGeneratorImpl>()->random64();
   s.offset = 0;
   return s;
+}
+
+Tensor new_empty(c10::IntArrayRef shape, const at::TensorOptions& options) {
+#if defined(TE_WITH_CUDA)
+  if (options.device().is_cuda()) return Tensor(at::detail::empty_cuda(shape, options));
+#endif
+  return Tensor(at::detail::empty_cpu(shape, options));
 }
 
 void zero_floats(const Tensor& t) {

@@ -81,6 +81,10 @@ void run_nvfp4(te::DType dtype, const te::Nvfp4Params& p, const Tensor& ref);
 // under capture; CPU: a fresh 64-bit seed drawn from the CPU generator, offset 0).
 te::RngState nvfp4_rng_state(const QuantSpec& spec, const Tensor& ref);
 void run_dbias_reduce(const Tensor& partial, Tensor& out);
+// Uninitialised contiguous tensor on the device of `options`, straight from that device's allocator (torch's
+// caching allocator on CUDA): at::empty adds a dispatcher round trip (about 65 ns on a fast host), and a quantizing
+// op makes up to seven tensors, the 0-element ones it returns for absent pieces included.
+Tensor new_empty(c10::IntArrayRef shape, const at::TensorOptions& options);
 // Zeroes a one-element float32 tensor: a 4-byte memset on the current stream for CUDA (cheaper to issue than a
 // fill kernel, capturable), a plain store on the CPU.
 void zero_scalar(const Tensor& t);

@@ -25,7 +25,7 @@ Tensor dequantize_fp8(const Tensor& data, const Tensor& scale_inv, int64_t fp8_d
   TORCH_CHECK_VALUE(data.scalar_type() == at::kByte, op, ": data must be uint8 FP8 codes, got ",
                    dtype_name(data.scalar_type()));
   check_scalar_f32(scale_inv, data, op, "scale_inv");
-  Tensor out = at::empty(data.sizes(), data.options().dtype(otype));
+  Tensor out = new_empty(data.sizes(), data.options().dtype(otype));
   const te::DType odt = input_dtype(out, op, "output dtype");
   const Tensor d = data.contiguous();
   TE_DEVICE_GUARD(data);
@@ -68,7 +68,7 @@ void fp8_transpose_into(const Tensor& x, const Tensor& out) {
 
 Tensor fp8_transpose(const Tensor& x) {
   const auto [rows, cols] = rows_cols(x);
-  Tensor out = at::empty({cols, rows}, x.options());
+  Tensor out = new_empty({cols, rows}, x.options());
   fp8_transpose_into(x, out);
   return out;
 }

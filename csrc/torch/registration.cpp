@@ -1,8 +1,6 @@
 // The `te` operator library: every op's schema, defined once (SPEC §1.4). CPU and CUDA kernels are registered
 // next to their implementations, the autograd of `act` in activation_autograd.cpp; fake kernels live in
-// transformer_engine_torch/_ops.py.
-#include <Python.h>
-
+// transformer_engine_torch/_ops.py; the Python module `_C` (python_call.cpp) holds only the wrappers' eager entry.
 #include "bridge.h"
 
 // Quantizer spec arguments shared by every quantizing op (SPEC §1.4). The trailing ones have defaults so that a
@@ -52,11 +50,4 @@ TORCH_LIBRARY(te, m) {
         "bool grad=False, bool use_split_accumulator=False, float alpha=1., float beta=0., int A_scaling=0, "
         "int B_scaling=0, Tensor? alpha_beta=None) -> ()");
   m.def("cublaslt_version() -> int");
-}
-
-// `import transformer_engine_torch._C` loads the library (and with it the registrations above); the module
-// itself is empty, so nothing but tensors and scalars ever crosses into C++.
-extern "C" PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
 }
