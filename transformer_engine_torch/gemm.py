@@ -12,8 +12,8 @@ import torch
 from ._ops import call
 from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
 from .quantizers import Float8Quantizer, Quantizer, check_quantizer
-from .tensors import (Float8Tensor, QuantizedTensor, _transposed_shape, swizzle_mx_scales,
-                      swizzle_nvfp4_scales)
+from .tensors import (Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor, QuantizedTensor,
+                      _transposed_shape, swizzle_mx_scales, swizzle_nvfp4_scales)
 
 _GEMM = torch.ops.te.gemm.default
 _PLAIN_CODES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),
@@ -102,6 +102,7 @@ def _native_formats(device_index: int) -> frozenset:
 
 
 _SCALING = {"Float8BlockwiseQTensor": 4, "MXFP8Tensor": 2, "NVFP4Tensor": 3}  # te::GemmScaling codes
+_BLOCK_CLASSES = (Float8BlockwiseQTensor, MXFP8Tensor, NVFP4Tensor)
 _NVFP4_GLOBAL = 1.0 / (6.0 * 6.0 * 448.0 * 448.0)
 
 
@@ -210,7 +211,7 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     if type(A).__name__ in _EMULATED or type(B).__name__ in _EMULATED:
         copies = _block_copies(A, transA, B, transB, layout)
         kind = type(A).__name__
-        native = A.device.type == "cuda" and kind in _native_formats(
+        native = isinstance(A, _BLOCK_CLASSES) and A.device.type == "cuda" and kind in _native_formats(
             A.device.index if A.device.index is not None else torch.cuda.current_device())
         if native and kind == "NVFP4Tensor":  # cuBLASLt's NVFP4 GEMM writes bf16 or fp32 only
             native = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype") in (torch.bfloat16, torch.float32)
