@@ -7,6 +7,8 @@ picks the stored copy each operand needs (SPEC §6.4) and passes its codes, scal
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._ops import call
@@ -128,10 +130,7 @@ def _native_operands(copies, transA, transB, alpha, beta):
             if rowwise or kind == "NVFP4Tensor":  # NVFP4's columnwise copy is 2-D [K, M/2] already
                 data = data.reshape(_flat2d(tuple(data.shape)))
             else:  # FP8 block columnwise copy stored (K,) + shape[:-1]: rows = K of the logical tensor
-                cols = 1
-                for d in data.shape[1:]:
-                    cols *= d
-                data = data.reshape(data.shape[0], cols)
+                data = data.reshape(data.shape[0], math.prod(data.shape[1:]))
             if kind == "NVFP4Tensor":
                 if not x._with_gemm_swizzled_scales:
                     sinv = swizzle_nvfp4_scales(sinv)

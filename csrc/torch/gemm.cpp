@@ -156,16 +156,16 @@ Tensor bias_grad_of_b(const te::GemmArgs& g, const Tensor& b, const c10::optiona
 // FP32 and the epilogue follows as separate ops with the CPU kernel's math (FP32, one rounding to the output).
 void unfused_epilogue(const te::GemmArgs& g, const te::GemmDims& dm, const Tensor& b, const Tensor& D,
                       const c10::optional<Tensor>& bias, const c10::optional<Tensor>& bias_grad,
-                      const c10::optional<Tensor>& aux) {
+                      const c10::optional<Tensor>& aux, const c10::optional<Tensor>& alpha_beta) {
   Tensor acc = at::empty({dm.n, dm.m}, D.options().dtype(at::kFloat));
   te::GemmArgs p = g;
   p.d = acc.data_ptr();
   p.d_dtype = te::DType::kFloat32;
   p.beta = 0.0f;
   Tensor alpha_0;  // device [alpha, 0]: the plain product only; beta·D_in follows below
-  if (g.alpha_beta != nullptr) {
-    alpha_0 = at::zeros({2}, D.options().dtype(at::kFloat));
-    alpha_0.narrow(0, 0, 1).copy_(at::from_blob(const_cast<float*>(g.alpha_beta), {1}, D.options().dtype(at::kFloat)));
+  if (alpha_beta.has_value()) {
+    alpha_0 = alpha_beta->clone();
+    alpha_0.narrow(0, 1, 1).zero_();
     p.alpha_beta = alpha_0.data_ptr<float>();
   }
   p.epilogue = te::GemmEpilogue::kNone;
@@ -175,8 +175,8 @@ void unfused_epilogue(const te::GemmArgs& g, const te::GemmDims& dm, const Tenso
   run_core([&] { te::gemm_cublaslt(p, current_stream()); });
   Tensor d2 = D.view({dm.n, dm.m});
   Tensor r = acc;
-  if (g.alpha_beta != nullptr) {
-    r = r + d2.to(at::kFloat) * at::from_blob(const_cast<float*>(g.alpha_beta) + 1, {1}, D.options().dtype(at::kFloat));
+  if (alpha_beta.has_value()) {
+    r = r + d2.to(at::kFloat) * alpha_beta->narrow(0, 1, 1);
   } else if (g.beta != 0.0f) {
     r = r + d2.to(at::kFloat) * double(g.beta);
   }
@@ -439,7 +439,8 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
     }
   });
   if (!fused) {
-    unfused_epilogue(g, dm, b, D, bias, bias_grad, gelu ? (grad ? gelu_in : pre_gelu_out) : c10::nullopt);
+    unfused_epilogue(g, dm, b, D, bias, bias_grad, gelu ? (grad ? gelu_in : pre_gelu_out) : c10::nullopt,
+                     alpha_beta);
   }
   finish_fp8();
 #else
