@@ -213,6 +213,93 @@ def test_cuda_graph_gelu_fp8(kind, fmt):
             assert ref.bits_equal(cpu(a_g), cpu(a_e)), "amax accumulates identically"
 
 
+@pytest.mark.parametrize("name", ["gelu", "swiglu", "quantize"])
+def test_cuda_graph_current_one_launch(name):
+    """Capture and replay of the one-launch current scaling (rowwise, small: a cooperative launch with a grid
+    barrier): each replay's bytes, scale_inv and amax-derived scale equal an eager call on the same input."""
+    tex = tex_module()
+    dev = "cuda"
+    shape = (256, 1024)
+    x_static = uniform(shape, torch.bfloat16, dev)
+    q = current_quantizer("e4m3", columnwise=False)
+    run = (lambda t: tex.quantize(t, q)) if name == "quantize" else (lambda t: getattr(tex, name)(t, q))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            run(x_static)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_static = run(x_static)
+    for step in range(3):
+        x_new = uniform(shape, torch.bfloat16, dev, lo=-2.0 * (step + 1), hi=2.0 * (step + 1),
+                        g=torch.Generator().manual_seed(200 + step))
+        x_static.copy_(x_new)
+        graph.replay()
+        y_e = run(x_new)
+        torch.cuda.synchronize()
+        ref.assert_bytes_equal(cpu(y_static._data), cpu(y_e._data), f"{name} graph step {step} data")
+        assert ref.bits_equal(cpu(y_static._scale_inv), cpu(y_e._scale_inv)), f"{name} step {step} scale_inv"
+        if name == "quantize":  # (the activations' eager bytes are checked against the CPU's elsewhere)
+            r = ref.quantize_current_ref(cpu(x_new), "e4m3")
+            ref.assert_bytes_equal(cpu(y_static._data), r.codes, f"graph step {step} vs reference")
+
+
+# Rowwise current scaling of tensors small enough for one cooperative launch (and just past it on an H100/H200,
+# where the launcher falls back to the amax pass): bytes and scale_inv equal the CPU's, for every way in (unary,
+# gated, backward with one and two outputs, the plain cast) and for the three input dtypes.
+ONE_LAUNCH_SHAPES = [(1, 8), (3, 40), (256, 4096), (1000, 1040), (2300, 1024), (0, 64)]
+
+
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@pytest.mark.parametrize("name", ["gelu", "swiglu", "dgelu", "dswiglu", "clamped_dswiglu", "quantize"])
+def test_parity_current_one_launch(name, dtype):
+    tex = tex_module()
+    for i, shape in enumerate(ONE_LAUNCH_SHAPES):
+        big = math.prod(shape) >= 256  # room for the special values (NaN, Inf, zeros, ...) among uniform ones
+        x = _inputs("uniform", shape, dtype, 30 + i) if big else uniform(shape, dtype, g=torch.Generator().manual_seed(i))
+        outs = {}
+        for dev in ["cpu", "cuda"]:
+            q = current_quantizer("e4m3", pow2=(i % 2 == 1), columnwise=False)
+            xd = x.to(dev)
+            if name == "quantize":
+                outs[dev] = tex.quantize(xd, q)
+            elif name in ("gelu", "swiglu"):
+                outs[dev] = getattr(tex, name)(xd, q)
+            else:
+                fwd = {"dgelu": "gelu", "dswiglu": "swiglu", "clamped_dswiglu": "clamped_swiglu"}[name]
+                gshape = ref.out_shape(fwd, shape)
+                gd = (_inputs("uniform", gshape, dtype, 60 + i) if big
+                      else uniform(gshape, dtype, g=torch.Generator().manual_seed(50 + i))).to(dev)
+                outs[dev] = getattr(tex, name)(gd, xd, q)
+        assert_same(outs["cpu"], outs["cuda"], f"{name} {dtype} {shape}")
+
+
+def test_current_one_launch_noop_and_into():
+    """quantize into given buffers with a noop flag, on the one-launch path: noop=1 leaves every buffer as it was,
+    noop=0 writes what a fresh call writes."""
+    tex = tex_module()
+    dev = "cuda"
+    q = current_quantizer("e4m3", columnwise=False)
+    x0 = uniform((128, 256), torch.bfloat16, dev)
+    out = tex.quantize(x0, q)
+    x1 = uniform((128, 256), torch.bfloat16, dev, lo=-9, hi=9, g=torch.Generator().manual_seed(7))
+    noop = torch.ones(1, device=dev)
+    snap = [out._data.clone(), out._scale_inv.clone()]
+    tex.quantize(x1, q, output=out, noop=noop)
+    torch.cuda.synchronize()
+    assert torch.equal(out._data, snap[0]) and torch.equal(out._scale_inv, snap[1])
+    noop.zero_()
+    tex.quantize(x1, q, output=out, noop=noop)
+    fresh = tex.quantize(x1, q)
+    torch.cuda.synchronize()
+    ref.assert_bytes_equal(cpu(out._data), cpu(fresh._data), "into vs fresh")
+    assert ref.bits_equal(cpu(out._scale_inv), cpu(fresh._scale_inv))
+    r = ref.quantize_current_ref(cpu(x1), "e4m3")
+    ref.assert_bytes_equal(cpu(out._data), r.codes, "into vs reference")
+
+
 def test_cuda_graph_quantize_noop():
     """A captured quantize with a device-side noop flag: replay with noop=1 writes nothing."""
     tex = tex_module()
@@ -399,9 +486,13 @@ def _amax_regime(regime, shape, seed):
 AMAX_SHAPES = [(8,), (40,), (64, 1024), (512, 1024)]  # 1 to 64 blocks of the pass
 
 
+@pytest.mark.parametrize("one_launch", [False, True], ids=["amax_pass", "one_launch"])
 @pytest.mark.parametrize("regime", sorted(AMAX_REGIMES))
 @pytest.mark.parametrize("name", ["gelu", "qgelu", "silu", "relu", "srelu", "quantize"])
-def test_parity_amax_pass_by_shape(name, regime):
+def test_parity_amax_pass_by_shape(name, regime, one_launch, monkeypatch):
+    # These rowwise casts are small enough for the one-launch current scaling; TE_ONE_LAUNCH=0 keeps them on the
+    # amax pass this test is about, and the other half runs the same adversarial inputs through the one launch.
+    monkeypatch.setenv("TE_ONE_LAUNCH", "1" if one_launch else "0")
     tex = tex_module()
     for shape in AMAX_SHAPES:
         for seed in range(6 if math.prod(shape) < 1024 else 1):

@@ -15,6 +15,7 @@
 // float2_to_fp8x2, exactly as on the CPU.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -81,15 +82,22 @@ __device__ __forceinline__ uint2 encode8_t(const float (&v)[kVec], float scale) 
 
 // Block-wide amax of a kBlock-thread block, then one atomic per block. Non-negative floats order like their bit
 // patterns.
-template <int kBlock> __device__ __forceinline__ void block_amax_to_global(float amax, float* red, float* out) {
+// The block's amax (amax_update over its threads' values), valid in warp 0; `red` holds kBlock / 32 floats.
+template <int kBlock> __device__ __forceinline__ float block_amax_warp0(float amax, float* red) {
   amax = warp_max(amax);
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = amax;
   __syncthreads();
+  float a = 0.0f;
   if (threadIdx.x < 32) {
-    float a = threadIdx.x < kBlock / 32 ? red[threadIdx.x] : 0.0f;
+    a = threadIdx.x < kBlock / 32 ? red[threadIdx.x] : 0.0f;
     a = warp_max(a);
-    if (threadIdx.x == 0 && a > 0.0f) atomicMax(reinterpret_cast<int*>(out), __float_as_int(a));
   }
+  return a;
+}
+
+template <int kBlock> __device__ __forceinline__ void block_amax_to_global(float amax, float* red, float* out) {
+  const float a = block_amax_warp0<kBlock>(amax, red);
+  if (threadIdx.x == 0 && a > 0.0f) atomicMax(reinterpret_cast<int*>(out), __float_as_int(a));
 }
 
 // Swizzled word index of (position j in tile, 4-row group w) in the transposed shared tile.
@@ -692,6 +700,28 @@ __device__ __forceinline__ void rowwise_tables(float* lut, const ActArgs& args, 
   }
 }
 
+// Element offsets of chunk ci in x (a half of a gated row) and in the output.
+template <bool kGated, bool kTwoOut>
+__device__ __forceinline__ void chunk_offsets(uint32_t ci, const RowwiseGeom& geo, int64_t cols, int64_t& xoff,
+                                              int64_t& ooff) {
+  if constexpr (kGated) {
+    const uint32_t r = geo.row_of.div(ci);
+    xoff = int64_t(r) * 2 * cols + int64_t(ci - r * geo.cpr) * kVec;
+    ooff = kTwoOut ? xoff : int64_t(ci) * kVec;
+  } else {
+    xoff = ooff = int64_t(ci) * kVec;
+  }
+}
+
+// The raw inputs of chunk ci: a (and b, grad).
+template <bool kGated, bool kBwd, typename InT>
+__device__ __forceinline__ void load_chunk(const InT* x, const InT* g, int64_t xoff, int64_t cols, uint32_t ci,
+                                           Vec8<InT>& a, Vec8<InT>& b, Vec8<InT>& gr) {
+  a = *reinterpret_cast<const Vec8<InT>*>(x + xoff);
+  if (kGated) b = *reinterpret_cast<const Vec8<InT>*>(x + xoff + cols);
+  if (kBwd) gr = *reinterpret_cast<const Vec8<InT>*>(g + int64_t(ci) * kVec);
+}
+
 template <class Op, bool kBwd, typename InT, OutKind kOut, bool kLut>
 __global__ void __launch_bounds__(kRowThreads, sizeof(InT) == 4 ? 1 : 2)
 act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
@@ -722,15 +752,8 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
   const InT* x = static_cast<const InT*>(p.x);
   const InT* g = static_cast<const InT*>(p.grad);
 
-  // Element offsets of chunk ci in x (a half) and in the output.
   auto offsets = [&](uint32_t ci, int64_t& xoff, int64_t& ooff) {
-    if constexpr (kGated) {
-      const uint32_t r = geo.row_of.div(ci);
-      xoff = int64_t(r) * 2 * cols + int64_t(ci - r * geo.cpr) * kVec;
-      ooff = kTwoOut ? xoff : int64_t(ci) * kVec;
-    } else {
-      xoff = ooff = int64_t(ci) * kVec;
-    }
+    chunk_offsets<kGated, kTwoOut>(ci, geo, cols, xoff, ooff);
   };
   // The raw inputs of one step: a (and b, grad) per chunk.
   struct Regs {
@@ -743,9 +766,7 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
       if (u < units && ci < n) {
         int64_t xoff, ooff;
         offsets(ci, xoff, ooff);
-        r.a[u] = *reinterpret_cast<const Vec8<InT>*>(x + xoff);
-        if (kGated) r.b[u] = *reinterpret_cast<const Vec8<InT>*>(x + xoff + cols);
-        if (kBwd) r.g[u] = *reinterpret_cast<const Vec8<InT>*>(g + int64_t(ci) * kVec);
+        load_chunk<kGated, kBwd>(x, g, xoff, cols, ci, r.a[u], r.b[u], r.g[u]);
       }
     }
   };
@@ -846,6 +867,78 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
   if constexpr (kOut == OutKind::kMxRow) mx_row_scale_padding(p.blk_scale, p.rows, out_cols, p.blk_swizzled);
   if constexpr (kOut == OutKind::kNvRow) nv_scale_padding(p, out_cols);
   if constexpr (OutTraits<kOut>::kTrackAmax) block_amax_to_global<kRowThreads>(amax, red, p.amax);
+}
+
+// ---- Current scaling in one launch (small tensors) ------------------------------------------------------------------
+// Rowwise FP8 with current scaling, for tensors that one resident grid covers with at most kCoopUnits chunks per
+// thread: each thread evaluates its chunks once and keeps the values in registers; each block writes its amax to
+// amax_partials[block]; after a grid barrier every block reduces the partials (the same max as the amax pass: max is
+// exact and order-free) and casts its values with that scale. One launch, no memset, no second read of the input:
+// the launch-bound regime of small calls. Needs a cooperative launch (all blocks resident).
+template <class Op, bool kBwd> constexpr int coop_units() { return (kBwd && Op::kGated) ? 1 : 2; }
+
+template <class Op, bool kBwd, typename InT>
+__global__ void __launch_bounds__(kRowThreads, 2) act_current_coop_kernel(const ActKernelParams p, const RowwiseGeom geo) {
+  constexpr bool kGated = Op::kGated;
+  constexpr bool kTwoOut = kBwd && kGated;
+  constexpr int kU = coop_units<Op, kBwd>();
+  __shared__ float red[kRowThreads / 32];
+  if (p.noop != nullptr && *p.noop == 1.0f) return;  // uniform over the grid: no block waits at the barrier
+  const int64_t cols = p.cols;
+  const uint32_t n = geo.n_chunks;
+  const InT* x = static_cast<const InT*>(p.x);
+  const InT* g = static_cast<const InT*>(p.grad);
+  auto chunk = [&](int u) { return (blockIdx.x + uint32_t(u) * gridDim.x) * uint32_t(kRowThreads) + threadIdx.x; };
+  Vec8<InT> a[kU], b[kU], gr[kU];
+  int64_t ooff[kU];
+  bool live[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const uint32_t ci = chunk(u);
+    live[u] = ci < n;
+    if (live[u]) {
+      int64_t xoff;
+      chunk_offsets<kGated, kTwoOut>(ci, geo, cols, xoff, ooff[u]);
+      load_chunk<kGated, kBwd>(x, g, xoff, cols, ci, a[u], b[u], gr[u]);
+    }
+  }
+  float v[kU][2][kVec];
+  float amax = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    if (live[u]) {
+      eval8<Op, kBwd, false>(a[u], b[u], gr[u], p.act, nullptr, v[u]);
+#pragma unroll
+      for (int h = 0; h < (kTwoOut ? 2 : 1); ++h)
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) amax = amax_update(amax, v[u][h][k]);
+    }
+  }
+  // Block amax -> this block's slot; after the grid barrier every block reduces all slots (L2 reads: other SMs
+  // wrote them during this launch) and broadcasts the result through red[0].
+  const float block_amax = block_amax_warp0<kRowThreads>(amax, red);
+  if (threadIdx.x == 0) p.amax_partials[blockIdx.x] = block_amax;
+  cooperative_groups::this_grid().sync();
+  float m = 0.0f;
+  for (uint32_t i = threadIdx.x; i < gridDim.x; i += kRowThreads) m = amax_update(m, __ldcg(p.amax_partials + i));
+  m = block_amax_warp0<kRowThreads>(m, red);
+  if (threadIdx.x == 0) red[0] = m;
+  __syncthreads();
+  m = red[0];
+  const float scale = current_scale(m, fp8_max(p.e4m3), p.amax_epsilon, p.force_pow2);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *p.amax = m;
+    *p.scale_inv = 1.0f / scale;
+  }
+  float unused = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    if (live[u]) {
+#pragma unroll
+      for (int h = 0; h < (kTwoOut ? 2 : 1); ++h)
+        emit8<OutKind::kCurrent, InT>(v[u][h], p.out, ooff[u] + h * cols, scale, p.e4m3, unused);
+    }
+  }
 }
 
 // ---- Strip kernel ------------------------------------------------------------------------------------------------
@@ -1474,6 +1567,33 @@ void launch_nvfp4_act(DType in_dtype, const ActKernelParams& p, cudaStream_t str
   check_launch("activation kernel (NVFP4)");
 }
 
+// TE_ONE_LAUNCH=0 turns the one-launch current scaling off (tests use it to cover the amax pass on small tensors).
+inline bool one_launch_disabled() {
+  const char* v = std::getenv("TE_ONE_LAUNCH");
+  return v != nullptr && v[0] == '0';
+}
+
+// One cooperative launch of act_current_coop_kernel when the tensor fits a resident grid within the partial slots;
+// false (nothing launched) otherwise.
+template <class Op, bool kBwd, typename T>
+bool launch_current_coop(const ActKernelParams& p, uint32_t cpr, uint32_t n_chunks, cudaStream_t stream) {
+  constexpr auto kernel = act_current_coop_kernel<Op, kBwd, T>;
+  const int64_t resident = int64_t(resident_per_sm<kernel>(kRowThreads, 0)) * device_sm_count();
+  const int64_t blocks = std::max<int64_t>(1, (int64_t(n_chunks) + kRowThreads - 1) / kRowThreads);
+  const int64_t grid = std::min<int64_t>({blocks, resident, int64_t(p.amax_slots)});
+  if (grid < 1 || int64_t(n_chunks) > grid * kRowThreads * coop_units<Op, kBwd>()) return false;
+  RowwiseGeom geo;
+  geo.n_chunks = n_chunks;
+  geo.cpr = cpr;
+  geo.row_of = FastDiv(cpr);
+  ActKernelParams pk = p;
+  void* args[] = {&pk, &geo};
+  const cudaError_t e = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(kernel), dim3(unsigned(grid)),
+                                                    dim3(kRowThreads), args, 0, stream);
+  if (e != cudaSuccess) core_fail(std::string("activation kernel (current scaling, one launch): ") + cudaGetErrorString(e));
+  return true;
+}
+
 template <class Op, bool kBwd>
 void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
   if (p.mode == ScaleMode::kNvfp4) return launch_nvfp4_act<Op, kBwd>(in_dtype, p, stream);
@@ -1482,6 +1602,29 @@ void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
                    (p.out == nullptr || aligned(p.out, p.mode == ScaleMode::kPlain ? 16 : 8));
   const int64_t chunks_per_row = p.cols / kVec;
   const int64_t n_chunks = p.rows * chunks_per_row;
+  if (p.mode == ScaleMode::kCurrent && p.amax_in_call) {
+    // Current scaling in one call: one cooperative launch where it fits, else zero amax, amax pass, cast.
+    if (vec && p.out != nullptr && p.out_t == nullptr && p.dbias_partial == nullptr && p.amax_partials != nullptr &&
+        p.amax_slots > 0 && n_chunks < (int64_t(1) << 31) && !one_launch_disabled()) {
+      bool done = false;
+      TE_SWITCH_IN_DTYPE(in_dtype, T, {
+        done = launch_current_coop<Op, kBwd, T>(p, uint32_t(chunks_per_row), uint32_t(n_chunks), stream);
+      });
+      if (done) return check_launch("activation kernel (current scaling, one launch)");
+    }
+    const cudaError_t e = cudaMemsetAsync(p.amax, 0, sizeof(float), stream);
+    if (e != cudaSuccess) core_fail(std::string("activation: zeroing the amax failed: ") + cudaGetErrorString(e));
+    ActKernelParams pa = p;
+    pa.mode = ScaleMode::kAmaxOnly;
+    pa.out = nullptr;
+    pa.out_t = nullptr;
+    pa.dbias_partial = nullptr;
+    pa.amax_in_call = false;
+    launch_act<Op, kBwd>(in_dtype, pa, stream);
+    ActKernelParams pc = p;
+    pc.amax_in_call = false;
+    return launch_act<Op, kBwd>(in_dtype, pc, stream);
+  }
   const bool has_out = p.out != nullptr || p.mode == ScaleMode::kAmaxOnly || n_chunks == 0;
   if (vec && has_out && p.out_t == nullptr && p.dbias_partial == nullptr && n_chunks < (int64_t(1) << 31)) {
     TE_SWITCH_IN_DTYPE(in_dtype, T, {

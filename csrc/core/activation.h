@@ -40,6 +40,13 @@ struct ActKernelParams {
   float* scale_inv = nullptr;       // [1] written as fl(1/scale) by FP8 modes
   const float* noop = nullptr;      // [1] optional: 1.0 means write nothing
   float* dbias_partial = nullptr;   // [act_dbias_blocks(rows, cols), out_cols] FP32 column sums of the values
+  // Current scaling in one call (CUDA, ScaleMode::kCurrent with amax_in_call): the launcher takes the amax itself and
+  // writes it to `amax`, which need not be zeroed: in one cooperative launch when the tensor fits one resident grid
+  // of at most amax_slots blocks (per-block maxima in amax_partials[0..amax_slots), grid barrier, cast of the values
+  // still held in registers), else by zeroing `amax` and running the amax pass and the cast.
+  bool amax_in_call = false;
+  float* amax_partials = nullptr;
+  int amax_slots = 0;
   // Block scales of the CUDA block-format paths, compact or GEMM-swizzled (blk_swizzled):
   //   MXFP8 rowwise (quantize_mxfp8's streaming path): blk_scale E8M0 [roundup(rows, 128), roundup(out_cols/32, 4)].
   //   NVFP4 (ScaleMode::kNvfp4): blk_scale E4M3 [roundup(rows, 128), roundup(out_cols/16, 4)] of `out`, blk_scale_t
@@ -144,6 +151,12 @@ TE_HD float amax_update(float running, float v) {
   return a > running ? a : running;
 #endif
 }
+
+// Current scaling in one call (ActKernelParams::amax_in_call): the per-block amax slots a caller provides, and the
+// largest tensor (elements) worth providing them for; the CUDA launcher decides from residency whether one launch
+// covers a given tensor.
+constexpr int kOneLaunchAmaxSlots = 1024;
+constexpr int64_t kOneLaunchMaxElems = int64_t(kOneLaunchAmaxSlots) * 512 * 2 * 8;
 
 // The scale an FP8 mode multiplies by.
 TE_HD float mode_scale(const ActKernelParams& p) {

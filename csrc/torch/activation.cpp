@@ -110,21 +110,27 @@ void run_fp8_per_tensor(const ActRequest& r, const ActGeometry& geo, const Quant
   // Current scaling without a given amax takes it in a first pass, into a float that only this call uses. A new
   // scale_inv carries that float in its own allocation, right after its one element: one allocation (and free)
   // less per call; the returned scale_inv is still a plain [1] tensor.
+  // On CUDA the kernel launcher takes that amax itself (ActKernelParams::amax_in_call): a small rowwise cast does it
+  // in one cooperative launch with per-block maxima in slots that follow the amax, so nothing is zeroed first.
   const bool amax_pass = spec.kind == te::QuantKind::kFp8Current && !spec.amax.has_value();
+  const bool in_call = amax_pass && x.is_cuda();
+  const int64_t slots = in_call && !spec.columnwise && geo.rows * geo.out_cols <= te::kOneLaunchMaxElems
+                            ? te::kOneLaunchAmaxSlots
+                            : 0;
   Tensor amax_tmp;
   float* amax = spec.amax.has_value() ? spec.amax->data_ptr<float>() : nullptr;
   if (!into) {
     if (spec.rowwise) o.row_data = new_empty(geo.out_shape, x.options().dtype(at::kByte));
     if (spec.columnwise) o.col_data = new_empty(geo.transposed_shape(), x.options().dtype(at::kByte));
-    o.row_scale_inv = new_empty({amax_pass ? 2 : 1}, f32);
+    o.row_scale_inv = new_empty({amax_pass ? 2 + slots : 1}, f32);
     if (amax_pass) {
-      zero_floats(o.row_scale_inv);
+      if (!in_call) zero_floats(o.row_scale_inv);
       amax = o.row_scale_inv.data_ptr<float>() + 1;
       o.row_scale_inv.unsafeGetTensorImpl()->set_sizes_contiguous({1});
     }
   } else if (amax_pass) {
-    amax_tmp = new_empty({1}, f32);
-    zero_scalar(amax_tmp);
+    amax_tmp = new_empty({1 + slots}, f32);
+    if (!in_call) zero_scalar(amax_tmp);
     amax = amax_tmp.data_ptr<float>();
   }
   p.out = spec.rowwise && o.row_data.numel() > 0 ? o.row_data.data_ptr() : nullptr;
@@ -142,7 +148,11 @@ void run_fp8_per_tensor(const ActRequest& r, const ActGeometry& geo, const Quant
   // passed in the spec is an already (all-)reduced amax: the first pass is skipped.
   p.force_pow2 = spec.force_pow2();
   p.amax_epsilon = float(spec.amax_epsilon);
-  if (amax_pass) {
+  if (in_call) {
+    p.amax_in_call = true;
+    p.amax_partials = slots > 0 ? amax + 1 : nullptr;
+    p.amax_slots = int(slots);
+  } else if (amax_pass) {
     te::ActKernelParams pa = p;
     pa.mode = te::ScaleMode::kAmaxOnly;
     pa.out = nullptr;
