@@ -7,7 +7,8 @@
 // shapes, dbias with a transposed copy). The first three are instantiated per output kind (the rowwise one also for
 // MXFP8 rowwise codes and scales) and, for bf16 inputs of exp-based functors, look the functor up in exact
 // shared-memory tables. Large bf16 tensors of such a unary forward op going to NVFP4 take kernels of their own
-// (act_nv_row_kernel: a thread owns whole 1x16 blocks).
+// (act_nv_row_kernel: a thread owns whole 1x16 blocks; act_nv_rowcol_kernel: both copies of 128 x 128 tiles staged
+// in shared memory).
 // Tile kernel: a block of 256 threads owns 64 positions x 128 rows; thread t takes the 8 consecutive positions
 // 8*(t%8).. and the 4 consecutive rows 4*(t/8)..: 16-byte loads of bf16/fp16 (two for fp32), all four rows in
 // flight before any math. FP8 codes of the transposed copy go through shared memory as 4-row words, swizzled
@@ -920,6 +921,14 @@ struct NvRowGeom {
   bool scale_linear = false;
 };
 
+// Eight codes of the 16 values `v` of one block (two words) with multiplier `enc`: the NaN-safe encoder unless the
+// values are known NaN-free (`finite`), then without the cap where fl(amax * enc) < 7.
+__device__ __forceinline__ uint2 nv_encode16(const float (&v)[16], float amax, float enc, bool finite) {
+  if (!finite) return make_uint2(nvfp4_pack8(v, enc), nvfp4_pack8(v + 8, enc));
+  if (amax * enc < 7.0f) return make_uint2(nvfp4_pack8_nonan<false>(v, enc), nvfp4_pack8_nonan<false>(v + 8, enc));
+  return make_uint2(nvfp4_pack8_nonan<true>(v, enc), nvfp4_pack8_nonan<true>(v + 8, enc));
+}
+
 template <class Op>
 __global__ void __launch_bounds__(kNvRowThreads, 1)
 act_nv_row_kernel(const ActKernelParams p, const NvRowGeom geo) {
@@ -968,15 +977,7 @@ act_nv_row_kernel(const ActKernelParams p, const NvRowGeom geo) {
     for (int k = 0; k < 16; ++k) a = amax_update(a, v[k]);
     const uint32_t sf = float2_to_fp8x2<true>(a * s_enc6, 0.0f);  // high byte: the code of 0
     const float enc = enc_tab[sf];  // sf <= 0x7E: the amax is >= 0 and NaN-free
-    uint2 w;
-    if (!finite) {
-      w = make_uint2(nvfp4_pack8(v, enc), nvfp4_pack8(v + 8, enc));
-    } else if (a * enc < 7.0f) {  // every |v * enc| < 7: no cap
-      w = make_uint2(nvfp4_pack8_nonan<false>(v, enc), nvfp4_pack8_nonan<false>(v + 8, enc));
-    } else {
-      w = make_uint2(nvfp4_pack8_nonan<true>(v, enc), nvfp4_pack8_nonan<true>(v + 8, enc));
-    }
-    out[b] = w;
+    out[b] = nv_encode16(v, a, enc, finite);
     int64_t soff = b;
     if (!geo.scale_linear) {
       const uint32_t r = geo.row_of.div(b);
@@ -1006,6 +1007,151 @@ act_nv_row_kernel(const ActKernelParams p, const NvRowGeom geo) {
   for (uint32_t step = full_end + blockIdx.x * kNvRowThreads; step < n; step += gridDim.x * kNvRowThreads) {
     load_step(r0, step, 1);
     compute_step(r0, step, 1, true);
+  }
+  nv_scale_padding(p, cols);
+}
+
+// ---- NVFP4 both copies, table kernel ----------------------------------------------------------------------------
+// Unary forward op on bf16 to both NVFP4 copies, on 128 x 128 tiles (rows and positions multiples of 128), the
+// large-tensor case. Row pass: a thread owns four whole 1x16 row blocks of the tile (rnd_in values from the split bf16
+// table, the row copy as in act_nv_row_kernel) and stages their bf16 bits in shared memory. Column pass: a thread
+// owns two adjacent columns x 32 rows (two 16x1 blocks per column): 32-bit reads give both columns at once, and each
+// column's 32 rows of codes leave as one 16-byte store along the transposed copy's rows (adjacent lanes hold adjacent
+// 32-row runs: whole 32-byte sectors). The next tile's loads are in flight during the column pass. Two 256-thread
+// blocks per SM (up to 128 registers; at three blocks, 80 registers spill).
+// Shared memory: the split bf16 table (halves at 0 and kHalfLutNegOffset), the block multipliers after its positive
+// half, the staged 128 x 128 bf16 tile (nv_stage_word) in the gap.
+constexpr int kNvColThreads = 256;
+constexpr int kNvColTile = 128;
+constexpr int kNvColUnits = kNvColTile * kNvColTile / 16 / kNvColThreads;  // row blocks per thread and tile (4)
+constexpr uint32_t kNvColStageOffset = 0x4000u;
+constexpr size_t kNvColSmem = kNvTabBytes;
+static_assert(kNvColStageOffset >= kHalfLutHalfBytes + 128 * 4 &&
+                  kNvColStageOffset + kNvColTile * kNvColTile * 2 <= kHalfLutNegOffset,
+              "the staged tile fits between the table halves, after the multipliers");
+
+// Staged word (row r, word w = positions 2w, 2w + 1): 64 words per row, w ^ 4 for w >= 32 (the 16-byte stores of
+// a quarter warp, 8 row blocks of one row, then hit 8 different bank quads), ^ 16 in odd 32-row runs (the column
+// pass reads 16 words of one run and 16 of the next per warp).
+__device__ __forceinline__ int nv_stage_word(int r, int w) { return r * 64 + (w ^ (4 * ((w >> 5) & 1)) ^ (16 * ((r >> 5) & 1))); }
+
+struct NvColGeom {
+  int64_t col_tiles = 1;
+  int64_t tiles = 1;
+};
+
+template <class Op>
+__global__ void __launch_bounds__(kNvColThreads, 2)
+act_nv_rowcol_kernel(const ActKernelParams p, const NvColGeom geo) {
+  static_assert(!Op::kGated, "the table kernel takes unary forward ops");
+  extern __shared__ __align__(16) unsigned char smem[];
+  if (p.noop != nullptr && *p.noop == 1.0f) return;
+  const NvGlobal nv = nv_global(p);
+  const float s_enc6 = nv.s_enc * kInv6;
+  const int64_t rows = p.rows, cols = p.cols;
+  const bool swz = p.blk_swizzled;
+  const int tid = threadIdx.x;
+  const bf16_t* x = static_cast<const bf16_t*>(p.x);
+  const float* enc_tab = nv_enc_tab(reinterpret_cast<const float*>(smem));
+  uint32_t* stage = reinterpret_cast<uint32_t*>(smem + kNvColStageOffset);
+
+  // Row pass unit i of this thread: tile row (tid + 256 i) / 8, row block (tid + 256 i) % 8.
+  Vec8<bf16_t> raw[kNvColUnits][2];
+  auto issue = [&](int64_t t) {
+    if (t >= geo.tiles) return;
+    const int64_t rt = t / geo.col_tiles;
+    const int64_t m0 = rt * kNvColTile, c0 = (t - rt * geo.col_tiles) * kNvColTile;
+#pragma unroll
+    for (int i = 0; i < kNvColUnits; ++i) {
+      const int u = tid + kNvColThreads * i;
+      const Vec8<bf16_t>* src = reinterpret_cast<const Vec8<bf16_t>*>(x + (m0 + u / 8) * cols + c0 + 16 * (u % 8));
+      raw[i][0] = src[0];
+      raw[i][1] = src[1];
+    }
+  };
+  issue(blockIdx.x);
+  if (tid < 128) const_cast<float*>(enc_tab)[tid] = nvfp4_block_multiplier(uint8_t(tid), nv.s_dec);
+  half_lut_fill<Op, kNvColThreads>(smem, p.act);  // overlaps the first loads; ends with a barrier
+
+  for (int64_t t = blockIdx.x; t < geo.tiles; t += gridDim.x) {
+    const int64_t rt = t / geo.col_tiles;
+    const int64_t m0 = rt * kNvColTile, c0 = (t - rt * geo.col_tiles) * kNvColTile;
+    bool finite = true;
+#pragma unroll
+    for (int i = 0; i < kNvColUnits; ++i) {
+      const int u = tid + kNvColThreads * i, r = u / 8, j = u % 8;
+      uint32_t h[16];  // bf16 bits of the rnd_in values
+      uint32_t off[2][kVec];
+      const bool fin = lut_offsets<true>(raw[i][0], off[0]) & lut_offsets<true>(raw[i][1], off[1]);
+      if (fin) {
+#pragma unroll
+        for (int k = 0; k < 16; ++k) h[k] = *reinterpret_cast<const uint16_t*>(smem + off[k / 8][k % 8]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float o[2][kVec];
+          eval8<Op, false, false, true>(raw[i][c], raw[i][c], raw[i][c], p.act, nullptr, o);
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) h[8 * c + k] = float_bits(o[0][k]) >> 16;
+        }
+      }
+      finite = finite && fin;
+      if (p.out != nullptr) {
+        float v[16];
+        float a = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+          v[k] = bits_float(h[k] << 16);
+          a = amax_update(a, v[k]);
+        }
+        const uint32_t sf = float2_to_fp8x2<true>(a * s_enc6, 0.0f);  // high byte: the code of 0
+        const int64_t jb = c0 / kNvBlock + j;  // the block's index along its row
+        static_cast<uint2*>(p.out)[(m0 + r) * (cols / kNvBlock) + jb] = nv_encode16(v, a, enc_tab[sf], fin);
+        p.blk_scale[nv_row_scale_offset(m0 + r, jb, cols, swz)] = uint8_t(sf);
+      }
+      // Stage the 16 values as 8 words of bf16 pairs: two 16-byte stores.
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        uint32_t wd[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) wd[k] = h[8 * hh + 2 * k] | (h[8 * hh + 2 * k + 1] << 16);
+        *reinterpret_cast<uint4*>(stage + nv_stage_word(r, 8 * j + 4 * hh)) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+      }
+    }
+    issue(t + gridDim.x);  // the next tile's loads fly during the column pass
+    const bool tile_finite = __syncthreads_and(finite) != 0;
+
+    // Column pass: column pair cp (columns 2cp, 2cp + 1 of the tile), 32-row run q.
+    const int lane = tid & 31, warp = tid >> 5;
+    const int cp = (lane >> 1) + 16 * (warp & 3), q = (lane & 1) + 2 * (warp >> 2);
+    uint32_t res[2][4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t wd[16];
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) wd[rr] = stage[nv_stage_word(32 * q + 16 * half + rr, cp)];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float v[16];
+        float a = 0.0f;
+#pragma unroll
+        for (int rr = 0; rr < 16; ++rr) {
+          v[rr] = bits_float(c == 0 ? wd[rr] << 16 : wd[rr] & 0xFFFF0000u);
+          a = amax_update(a, v[rr]);
+        }
+        const uint32_t sf = float2_to_fp8x2<true>(a * s_enc6, 0.0f);
+        const uint2 w = nv_encode16(v, a, enc_tab[sf], tile_finite);
+        res[c][2 * half] = w.x;
+        res[c][2 * half + 1] = w.y;
+        const int64_t k = c0 + 2 * cp + c;
+        p.blk_scale_t[nv_col_scale_offset(k, (m0 + 32 * q + 16 * half) / kNvBlock, rows, swz)] = uint8_t(sf);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      *reinterpret_cast<uint4*>(p.out_t + (c0 + 2 * cp + c) * (rows / 2) + (m0 + 32 * q) / 2) =
+          make_uint4(res[c][0], res[c][1], res[c][2], res[c][3]);
+    __syncthreads();  // the staged tile has been read
   }
   nv_scale_padding(p, cols);
 }
@@ -1643,6 +1789,23 @@ void launch_nvfp4_act(DType in_dtype, const ActKernelParams& p, cudaStream_t str
         const int64_t grid = std::min(resident, (n_blocks + kNvRowThreads - 1) / kNvRowThreads);
         kernel<<<unsigned(grid), kNvRowThreads, kNvRowSmem, stream>>>(p, geo);
         check_launch("activation kernel (NVFP4 rowwise tables)");
+        return;
+      }
+    }
+  }
+  if constexpr (!kBwd && !Op::kGated && Op::Fn::kTabulate) {
+    // Both copies, bf16, a tabulated unary forward op, whole 128 x 128 tiles: the table kernel when every resident
+    // block walks at least 8 tiles after filling its tables (or TE_FORCE_TABLES=1).
+    if (in_dtype == DType::kBFloat16 && p.out_t != nullptr && p.rows % kNvColTile == 0 && p.cols % kNvColTile == 0 &&
+        aligned(p.out_t, 16) && (p.out == nullptr || aligned(p.out, 8)) && p.rows > 0 && p.cols > 0) {
+      constexpr auto kernel = act_nv_rowcol_kernel<Op>;
+      NvColGeom geo;
+      geo.col_tiles = p.cols / kNvColTile;
+      geo.tiles = geo.col_tiles * (p.rows / kNvColTile);
+      const int64_t resident = int64_t(resident_per_sm<kernel>(kNvColThreads, kNvColSmem)) * device_sm_count_or_default();
+      if (resident > 0 && (force_tables() || geo.tiles >= 8 * resident)) {
+        kernel<<<unsigned(std::min(resident, geo.tiles)), kNvColThreads, kNvColSmem, stream>>>(p, geo);
+        check_launch("activation kernel (NVFP4 both copies, tables)");
         return;
       }
     }
