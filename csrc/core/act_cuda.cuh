@@ -1020,9 +1020,11 @@ act_nv_row_kernel(const ActKernelParams p, const NvRowGeom geo) {
 // 32-row runs: whole 32-byte sectors). The next tile's loads are in flight during the column pass. Two 256-thread
 // blocks per SM (up to 128 registers; at three blocks, 80 registers spill).
 // Shared memory: the split bf16 table (halves at 0 and kHalfLutNegOffset), the block multipliers after its positive
-// half, the staged 128 x 128 bf16 tile (nv_stage_word) in the gap. (A second staged tile after the table, one barrier
-// per tile instead of two, ran 10 % slower on H200, 220.6 -> 244.2 us: likely the L1 left beside 2 x 104 KB of shared
-// memory, which the row pass's paired 16-byte loads lean on.)
+// half, the staged 128 x 128 bf16 tile (nv_stage_word) in the gap. Measured slower on H200 (16384 x 8192, this kernel
+// 220.6 us): a second staged tile after the table, one barrier per tile instead of two, 244.2 us (likely the L1 left
+// beside 2 x 104 KB of shared memory, which the row pass's paired 16-byte loads lean on); one 1024-thread block per
+// SM on the FP32 tables with two staged tiles in their gap, a 16x1 column block per thread (16-bit reads), 245.0 us;
+// warps walking 16 x 64 tiles with no block barrier, 8-byte column stores completing sectors across warps, 522 us.
 constexpr int kNvColThreads = 256;
 constexpr int kNvColTile = 128;
 constexpr int kNvColUnits = kNvColTile * kNvColTile / 16 / kNvColThreads;  // row blocks per thread and tile (4)
