@@ -787,6 +787,39 @@ def test_cuda_parity_fused_many_tiles(shape):
         assert_nv_same(tex.quantize(x.cuda(), q), tex.quantize(x, q), f"quantize {shape} {usage}")
 
 
+def _bf16_runs(shape, seed, run=8):
+    """Every bf16 bit pattern (NaN, Inf, zeros and subnormals included) in shuffled runs of `run` consecutive codes,
+    tiled to `shape`: 1x16 blocks inside the kernels' table range next to blocks that leave it."""
+    g = torch.Generator().manual_seed(seed)
+    runs = torch.arange(65536, dtype=torch.int32).reshape(-1, run)[torch.randperm(65536 // run, generator=g)].reshape(-1)
+    n = math.prod(shape)
+    return runs.repeat((n + 65535) // 65536)[:n].to(torch.int16).view(torch.bfloat16).reshape(shape)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["gelu", "qgelu", "silu"])
+def test_cuda_parity_tables_forced(name, monkeypatch):
+    """The bf16 table kernels of the fused path (TE_FORCE_TABLES=1 takes them at any size): every bf16 pattern (table
+    blocks next to computed ones, so both encoders), normal inputs (block maxima near 6: the uncapped encoder), blocks
+    of 80 positions (scale rows not a multiple of 4 blocks), and 8192 x 4096, where every resident block walks several
+    double-buffered whole rounds; every usage, compact and swizzled scales, bytes equal to the CPU's."""
+    monkeypatch.setenv("TE_FORCE_TABLES", "1")
+    tex = tex_module()
+    g = torch.Generator().manual_seed(31)
+    big = torch.randn(8192, 4096, generator=g)
+    big.view(-1)[::4099] = 0.0  # zeros: blocks off the table among table blocks
+    every = [(u, o) for u in USAGES for o in (False, True)]
+    cases = [(_bf16_runs((256, 1024), 7), every), (_bf16_runs((512, 80), 8, run=16), every),
+             (torch.randn(512, 1024, generator=g), every), (big, [((True, False), False), ((True, True), False)])]
+    for x, configs in cases:
+        x = x.to(torch.bfloat16)
+        for usage, opt in configs:
+            q = nvq(*usage)
+            q.optimize_for_gemm = opt
+            msg = f"{name} {tuple(x.shape)} {usage} swizzled={opt}"
+            assert_nv_same(getattr(tex, name)(x.cuda(), q), getattr(tex, name)(x, q), msg)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("name", sorted(ref.DBIAS_NAMES))
 def test_cuda_parity_dbias(name):

@@ -6,7 +6,9 @@
 // pipelined tile kernel for FP8 with a transposed copy on aligned rows; and the tile kernel for the rest (ragged
 // shapes, dbias with a transposed copy). The first three are instantiated per output kind (the rowwise one also for
 // MXFP8 rowwise codes and scales) and, for bf16 inputs of exp-based functors, look the functor up in exact
-// shared-memory tables.
+// shared-memory tables. Large bf16 tensors of such a unary forward op going to NVFP4 take kernels of their own
+// (act_nv_row_kernel: a thread owns whole 1x16 blocks; act_nv_rowcol_kernel: both copies of 128 x 128 tiles staged
+// in shared memory).
 // Tile kernel: a block of 256 threads owns 64 positions x 128 rows; thread t takes the 8 consecutive positions
 // 8*(t%8).. and the 4 consecutive rows 4*(t/8)..: 16-byte loads of bf16/fp16 (two for fp32), all four rows in
 // flight before any math. FP8 codes of the transposed copy go through shared memory as 4-row words, swizzled
@@ -504,6 +506,20 @@ struct FastDiv {
   __device__ __forceinline__ uint32_t div(uint32_t n) const { return (n * m_hi + __umulhi(n, m_lo)) >> l; }
 };
 
+// The whole steps first, first + stride, .. < full_end of a resident grid with two register sets: the next step's
+// loads are in flight during this step's math (the caller has issued the first step's loads into r0).
+template <class Regs, class Load, class Compute>
+__device__ __forceinline__ void walk_double_buffered(uint32_t first, uint32_t full_end, uint32_t stride, Regs& r0,
+                                                     Regs& r1, Load&& load, Compute&& compute) {
+  for (uint32_t step = first; step < full_end; step += 2 * stride) {
+    if (step + stride < full_end) load(r1, step + stride);
+    compute(r0, step);
+    if (step + stride >= full_end) break;
+    if (step + 2 * stride < full_end) load(r0, step + 2 * stride);
+    compute(r1, step + stride);
+  }
+}
+
 // 16-byte asynchronous global -> shared copies (cp.async.cg on sm_80+: bypasses L1, no registers held while in
 // flight; a plain synchronous copy on older archs, where commit and wait have nothing to do). With `valid` false the
 // destination is zero-filled without reading global memory.
@@ -837,13 +853,9 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
     // Two register sets: the next step's loads are in flight during this step's math.
     if (first < full_end) load_step(r0, first, step_units);
     rowwise_tables<Op, kBwd, kBlk, kNvTab>(lut, p.act, nv);  // overlaps the first loads
-    for (uint32_t step = first; step < full_end; step += 2 * stride) {
-      if (step + stride < full_end) load_step(r1, step + stride, step_units);
-      compute_step(r0, step, step_units, whole);
-      if (step + stride >= full_end) break;
-      if (step + 2 * stride < full_end) load_step(r0, step + 2 * stride, step_units);
-      compute_step(r1, step + stride, step_units, whole);
-    }
+    walk_double_buffered(
+        first, full_end, stride, r0, r1, [&](Regs& r, uint32_t step) { load_step(r, step, step_units); },
+        [&](const Regs& r, uint32_t step) { compute_step(r, step, step_units, whole); });
   } else {
     if constexpr (kLut) {
       if (first < full_end) load_step(r0, first, step_units);
@@ -939,6 +951,306 @@ __global__ void __launch_bounds__(kRowThreads, 2) act_current_coop_kernel(const 
         emit8<OutKind::kCurrent, InT>(v[u][h], p.out, ooff[u] + h * cols, scale, p.e4m3, unused);
     }
   }
+}
+
+// ---- NVFP4 rowwise, table kernel --------------------------------------------------------------------------------
+// Unary forward op on bf16 to NVFP4 rowwise (no transposed copy), the large-tensor case: one thread owns whole 1x16
+// blocks (two 16-byte loads), so a block's amax, scale code and multiplier take no shuffle and are paid once per 16
+// values, and its 8 code bytes leave in one store. A resident grid of kNvRowThreads-thread blocks, one per SM; each
+// fills its tables once (while its first loads are in flight) and walks steps of kNvRowUnits blocks per thread in
+// whole rounds, double-buffered in registers, then the leftover blocks one per thread.
+// Tables (FP32 entries of rnd_in(fwd), the exact values the computed path gives): the bf16 magnitudes m in
+// [0x3300, 0x4300) of kLutLo.. at byte 4 * (m - 0x3300), negatives kNvRowNegOffset further, so that the offset of
+// both halves of a 32-bit word of inputs is one shift-add and one mask (nv_row_offsets); the 128 block multipliers
+// of the possible scale codes sit in the gap. Blocks with any input outside the table (zeros, tiny, huge, Inf/NaN)
+// take the computed path and the NaN-safe encoder.
+constexpr int kNvRowThreads = 1024;
+constexpr int kNvRowUnits = 2;                                // 16-element blocks per thread and step
+constexpr uint32_t kNvRowNegOffset = 0x20000u;                // bit 15 of a half, shifted left by 2
+constexpr uint32_t kNvRowEncOffset = 4u * kLutPerSign;        // 16 KB: the multipliers, after the positive half
+constexpr size_t kNvRowSmem = kNvRowNegOffset + 4u * kLutPerSign;
+static_assert(kNvRowEncOffset + 128 * 4 <= kNvRowNegOffset, "the multipliers fit between the table halves");
+
+// Byte offsets of the 16 bf16 of a block into the tables; false when any lies outside them. For the low half h of a
+// word w, 4w - 4 * kLutLo holds h - kLutLo (mod 2^16) in bits 2..17 (a borrow only reaches bit 18 and up); for the
+// high half, (w >> 14) - 4 * kLutLo likewise (bits 0-1 hold bits 14-15 of w and take no borrow). An in-range half
+// is sign * 0x8000 + index with index < 0x1000, so bits 12-14 of h - kLutLo are clear exactly for in-range halves
+// (lut_offsets' test, two bits higher); the mask keeps the index and moves the sign to kNvRowNegOffset.
+__device__ __forceinline__ bool nv_row_offsets(const Vec8<bf16_t> (&v)[2], uint32_t (&off)[16]) {
+  constexpr uint32_t kMask = 0x3FFCu | kNvRowNegOffset;
+  uint32_t any = 0u;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(&v[c]);
+#pragma unroll
+    for (int j = 0; j < kVec / 2; ++j) {
+      const uint32_t lo = (w[j] << 2) - 4u * kLutLo, hi = (w[j] >> 14) - 4u * kLutLo;
+      any |= lo | hi;
+      off[8 * c + 2 * j] = lo & kMask;
+      off[8 * c + 2 * j + 1] = hi & kMask;
+    }
+  }
+  return (any & (0x7000u << 2)) == 0u;
+}
+
+template <class Op>
+__device__ __forceinline__ void nv_row_tables(unsigned char* smem, const ActArgs& args, float s_dec) {
+  float* enc = reinterpret_cast<float*>(smem + kNvRowEncOffset);
+  if (threadIdx.x < 128) enc[threadIdx.x] = nvfp4_block_multiplier(uint8_t(threadIdx.x), s_dec);
+  for (uint32_t i = threadIdx.x; i < kLutEntries; i += kNvRowThreads) {
+    const uint32_t neg = i / kLutPerSign, m = i % kLutPerSign;
+    const float a = to_float(bf16_t{uint16_t((neg << 15) | (m + kLutLo))});
+    *reinterpret_cast<float*>(smem + neg * kNvRowNegOffset + 4u * m) = round_to<bf16_t>(Op::Fn::fwd(a, args));
+  }
+  __syncthreads();
+}
+
+// Geometry of the table kernel: blocks = rows * cols / 16 (< 2^31), blocks per row, and whether the scale of block b
+// is byte b (compact scales whose rows hold exactly the data's blocks).
+struct NvRowGeom {
+  uint32_t n_blocks = 0;
+  uint32_t bpr = 0;
+  FastDiv row_of;
+  bool scale_linear = false;
+};
+
+// Eight codes of the 16 values `v` of one block (two words) with multiplier `enc`: the NaN-safe encoder unless the
+// values are known NaN-free (`finite`), then without the cap where fl(amax * enc) < 7.
+__device__ __forceinline__ uint2 nv_encode16(const float (&v)[16], float amax, float enc, bool finite) {
+  if (!finite) return make_uint2(nvfp4_pack8(v, enc), nvfp4_pack8(v + 8, enc));
+  if (amax * enc < 7.0f) return make_uint2(nvfp4_pack8_nonan<false>(v, enc), nvfp4_pack8_nonan<false>(v + 8, enc));
+  return make_uint2(nvfp4_pack8_nonan<true>(v, enc), nvfp4_pack8_nonan<true>(v + 8, enc));
+}
+
+template <class Op>
+__global__ void __launch_bounds__(kNvRowThreads, 1)
+act_nv_row_kernel(const ActKernelParams p, const NvRowGeom geo) {
+  static_assert(!Op::kGated, "the table kernel takes unary forward ops");
+  extern __shared__ __align__(16) unsigned char smem[];
+  if (p.noop != nullptr && *p.noop == 1.0f) return;
+  const NvGlobal nv = nv_global(p);
+  const float s_enc6 = nv.s_enc * kInv6;
+  const int64_t cols = p.cols;
+  const uint32_t n = geo.n_blocks;
+  const Vec8<bf16_t>* x = static_cast<const Vec8<bf16_t>*>(p.x);  // two chunks per block
+  uint2* out = static_cast<uint2*>(p.out);                        // 8 code bytes per block
+  const float* enc_tab = reinterpret_cast<const float*>(smem + kNvRowEncOffset);
+
+  struct Regs {
+    Vec8<bf16_t> a[kNvRowUnits][2];
+  };
+  auto load_step = [&](Regs& r, uint32_t step, int units) {
+#pragma unroll
+    for (int u = 0; u < kNvRowUnits; ++u) {
+      const uint32_t b = step + threadIdx.x + uint32_t(u) * kNvRowThreads;
+      if (u < units && b < n) {
+        r.a[u][0] = x[2 * int64_t(b)];
+        r.a[u][1] = x[2 * int64_t(b) + 1];
+      }
+    }
+  };
+  auto emit_block = [&](const Vec8<bf16_t> (&raw)[2], uint32_t b) {
+    float v[16];
+    uint32_t off[16];
+    const bool finite = nv_row_offsets(raw, off);
+    if (finite) {
+#pragma unroll
+      for (int k = 0; k < 16; ++k) v[k] = *reinterpret_cast<const float*>(smem + off[k]);
+    } else {
+      float o[2][kVec];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        eval8<Op, false, false, true>(raw[c], raw[c], raw[c], p.act, nullptr, o);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) v[8 * c + k] = o[0][k];
+      }
+    }
+    float a = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) a = amax_update(a, v[k]);
+    const uint32_t sf = float2_to_fp8x2<true>(a * s_enc6, 0.0f);  // high byte: the code of 0
+    const float enc = enc_tab[sf];  // sf <= 0x7E: the amax is >= 0 and NaN-free
+    out[b] = nv_encode16(v, a, enc, finite);
+    int64_t soff = b;
+    if (!geo.scale_linear) {
+      const uint32_t r = geo.row_of.div(b);
+      soff = nv_row_scale_offset(r, b - r * geo.bpr, cols, p.blk_swizzled);
+    }
+    p.blk_scale[soff] = uint8_t(sf);
+  };
+  auto compute_step = [&](const Regs& r, uint32_t step, int units, bool checked) {
+#pragma unroll
+    for (int u = 0; u < kNvRowUnits; ++u) {
+      const uint32_t b = step + threadIdx.x + uint32_t(u) * kNvRowThreads;
+      if (checked && (u >= units || b >= n)) break;
+      emit_block(r.a[u], b);
+    }
+  };
+
+  constexpr uint32_t kPerStep = uint32_t(kNvRowThreads) * kNvRowUnits;
+  const uint32_t first = blockIdx.x * kPerStep;
+  const uint32_t stride = gridDim.x * kPerStep;
+  const uint32_t full_end = (n / stride) * stride;
+  Regs r0, r1;
+  if (first < full_end) load_step(r0, first, kNvRowUnits);
+  nv_row_tables<Op>(smem, p.act, nv.s_dec);  // overlaps the first loads
+  walk_double_buffered(
+      first, full_end, stride, r0, r1, [&](Regs& r, uint32_t step) { load_step(r, step, kNvRowUnits); },
+      [&](const Regs& r, uint32_t step) { compute_step(r, step, kNvRowUnits, false); });
+  for (uint32_t step = full_end + blockIdx.x * kNvRowThreads; step < n; step += gridDim.x * kNvRowThreads) {
+    load_step(r0, step, 1);
+    compute_step(r0, step, 1, true);
+  }
+  nv_scale_padding(p, cols);
+}
+
+// ---- NVFP4 both copies, table kernel ----------------------------------------------------------------------------
+// Unary forward op on bf16 to both NVFP4 copies, on 128 x 128 tiles (rows and positions multiples of 128), the
+// large-tensor case. Row pass: a thread owns four whole 1x16 row blocks of the tile (rnd_in values from the split bf16
+// table, the row copy as in act_nv_row_kernel) and stages their bf16 bits in shared memory. Column pass: a thread
+// owns two adjacent columns x 32 rows (two 16x1 blocks per column): 32-bit reads give both columns at once, and each
+// column's 32 rows of codes leave as one 16-byte store along the transposed copy's rows (adjacent lanes hold adjacent
+// 32-row runs: whole 32-byte sectors). The next tile's loads are in flight during the column pass. Two 256-thread
+// blocks per SM (up to 128 registers; at three blocks, 80 registers spill).
+// Shared memory: the split bf16 table (halves at 0 and kHalfLutNegOffset), the block multipliers after its positive
+// half, the staged 128 x 128 bf16 tile (nv_stage_word) in the gap. Measured slower on H200 (16384 x 8192, this kernel
+// 220.6 us): a second staged tile after the table, one barrier per tile instead of two, 244.2 us (likely the L1 left
+// beside 2 x 104 KB of shared memory, which the row pass's paired 16-byte loads lean on); one 1024-thread block per
+// SM on the FP32 tables with two staged tiles in their gap, a 16x1 column block per thread (16-bit reads), 245.0 us;
+// warps walking 16 x 64 tiles with no block barrier, 8-byte column stores completing sectors across warps, 522 us.
+constexpr int kNvColThreads = 256;
+constexpr int kNvColTile = 128;
+constexpr int kNvColUnits = kNvColTile * kNvColTile / 16 / kNvColThreads;  // row blocks per thread and tile (4)
+constexpr uint32_t kNvColStageOffset = 0x4000u;
+constexpr size_t kNvColSmem = kNvTabBytes;
+static_assert(kNvColStageOffset >= kHalfLutHalfBytes + 128 * 4 &&
+                  kNvColStageOffset + kNvColTile * kNvColTile * 2 <= kHalfLutNegOffset,
+              "the staged tile fits between the table halves, after the multipliers");
+
+// Staged word (row r, word w = positions 2w, 2w + 1): 64 words per row, w ^ 4 for w >= 32 (the 16-byte stores of
+// a quarter warp, 8 row blocks of one row, then hit 8 different bank quads), ^ 16 in odd 32-row runs (the column
+// pass reads 16 words of one run and 16 of the next per warp).
+__device__ __forceinline__ int nv_stage_word(int r, int w) { return r * 64 + (w ^ (4 * ((w >> 5) & 1)) ^ (16 * ((r >> 5) & 1))); }
+
+struct NvColGeom {
+  int64_t col_tiles = 1;
+  int64_t tiles = 1;
+};
+
+template <class Op>
+__global__ void __launch_bounds__(kNvColThreads, 2)
+act_nv_rowcol_kernel(const ActKernelParams p, const NvColGeom geo) {
+  static_assert(!Op::kGated, "the table kernel takes unary forward ops");
+  extern __shared__ __align__(16) unsigned char smem[];
+  if (p.noop != nullptr && *p.noop == 1.0f) return;
+  const NvGlobal nv = nv_global(p);
+  const float s_enc6 = nv.s_enc * kInv6;
+  const int64_t rows = p.rows, cols = p.cols;
+  const bool swz = p.blk_swizzled;
+  const int tid = threadIdx.x;
+  const bf16_t* x = static_cast<const bf16_t*>(p.x);
+  const float* enc_tab = nv_enc_tab(reinterpret_cast<const float*>(smem));
+  uint32_t* stage = reinterpret_cast<uint32_t*>(smem + kNvColStageOffset);
+
+  // Row pass unit i of this thread: tile row (tid + 256 i) / 8, row block (tid + 256 i) % 8.
+  Vec8<bf16_t> raw[kNvColUnits][2];
+  auto issue = [&](int64_t t) {
+    if (t >= geo.tiles) return;
+    const int64_t rt = t / geo.col_tiles;
+    const int64_t m0 = rt * kNvColTile, c0 = (t - rt * geo.col_tiles) * kNvColTile;
+#pragma unroll
+    for (int i = 0; i < kNvColUnits; ++i) {
+      const int u = tid + kNvColThreads * i;
+      const Vec8<bf16_t>* src = reinterpret_cast<const Vec8<bf16_t>*>(x + (m0 + u / 8) * cols + c0 + 16 * (u % 8));
+      raw[i][0] = src[0];
+      raw[i][1] = src[1];
+    }
+  };
+  issue(blockIdx.x);
+  if (tid < 128) const_cast<float*>(enc_tab)[tid] = nvfp4_block_multiplier(uint8_t(tid), nv.s_dec);
+  half_lut_fill<Op, kNvColThreads>(smem, p.act);  // overlaps the first loads; ends with a barrier
+
+  for (int64_t t = blockIdx.x; t < geo.tiles; t += gridDim.x) {
+    const int64_t rt = t / geo.col_tiles;
+    const int64_t m0 = rt * kNvColTile, c0 = (t - rt * geo.col_tiles) * kNvColTile;
+    bool finite = true;
+#pragma unroll
+    for (int i = 0; i < kNvColUnits; ++i) {
+      const int u = tid + kNvColThreads * i, r = u / 8, j = u % 8;
+      uint32_t h[16];  // bf16 bits of the rnd_in values
+      uint32_t off[2][kVec];
+      const bool fin = lut_offsets<true>(raw[i][0], off[0]) & lut_offsets<true>(raw[i][1], off[1]);
+      if (fin) {
+#pragma unroll
+        for (int k = 0; k < 16; ++k) h[k] = *reinterpret_cast<const uint16_t*>(smem + off[k / 8][k % 8]);
+      } else {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float o[2][kVec];
+          eval8<Op, false, false, true>(raw[i][c], raw[i][c], raw[i][c], p.act, nullptr, o);
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) h[8 * c + k] = float_bits(o[0][k]) >> 16;
+        }
+      }
+      finite = finite && fin;
+      if (p.out != nullptr) {
+        float v[16];
+        float a = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+          v[k] = bits_float(h[k] << 16);
+          a = amax_update(a, v[k]);
+        }
+        const uint32_t sf = float2_to_fp8x2<true>(a * s_enc6, 0.0f);  // high byte: the code of 0
+        const int64_t jb = c0 / kNvBlock + j;  // the block's index along its row
+        static_cast<uint2*>(p.out)[(m0 + r) * (cols / kNvBlock) + jb] = nv_encode16(v, a, enc_tab[sf], fin);
+        p.blk_scale[nv_row_scale_offset(m0 + r, jb, cols, swz)] = uint8_t(sf);
+      }
+      // Stage the 16 values as 8 words of bf16 pairs: two 16-byte stores.
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        uint32_t wd[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) wd[k] = h[8 * hh + 2 * k] | (h[8 * hh + 2 * k + 1] << 16);
+        *reinterpret_cast<uint4*>(stage + nv_stage_word(r, 8 * j + 4 * hh)) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+      }
+    }
+    issue(t + gridDim.x);  // the next tile's loads fly during the column pass
+    const bool tile_finite = __syncthreads_and(finite) != 0;
+
+    // Column pass: column pair cp (columns 2cp, 2cp + 1 of the tile), 32-row run q.
+    const int lane = tid & 31, warp = tid >> 5;
+    const int cp = (lane >> 1) + 16 * (warp & 3), q = (lane & 1) + 2 * (warp >> 2);
+    uint32_t res[2][4];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      uint32_t wd[16];
+#pragma unroll
+      for (int rr = 0; rr < 16; ++rr) wd[rr] = stage[nv_stage_word(32 * q + 16 * half + rr, cp)];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float v[16];
+        float a = 0.0f;
+#pragma unroll
+        for (int rr = 0; rr < 16; ++rr) {
+          v[rr] = bits_float(c == 0 ? wd[rr] << 16 : wd[rr] & 0xFFFF0000u);
+          a = amax_update(a, v[rr]);
+        }
+        const uint32_t sf = float2_to_fp8x2<true>(a * s_enc6, 0.0f);
+        const uint2 w = nv_encode16(v, a, enc_tab[sf], tile_finite);
+        res[c][2 * half] = w.x;
+        res[c][2 * half + 1] = w.y;
+        const int64_t k = c0 + 2 * cp + c;
+        p.blk_scale_t[nv_col_scale_offset(k, (m0 + 32 * q + 16 * half) / kNvBlock, rows, swz)] = uint8_t(sf);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      *reinterpret_cast<uint4*>(p.out_t + (c0 + 2 * cp + c) * (rows / 2) + (m0 + 32 * q) / 2) =
+          make_uint4(res[c][0], res[c][1], res[c][2], res[c][3]);
+    __syncthreads();  // the staged tile has been read
+  }
+  nv_scale_padding(p, cols);
 }
 
 // ---- Strip kernel ------------------------------------------------------------------------------------------------
@@ -1556,6 +1868,44 @@ void launch_nvfp4_act(DType in_dtype, const ActKernelParams& p, cudaStream_t str
     core_fail("activation kernel: the fused NVFP4 path needs positions per row % 16 == 0 (got " +
               std::to_string(p.cols) + "), rows % 16 == 0 with a transposed copy (got " + std::to_string(p.rows) +
               "), 16-byte aligned inputs, a 4-byte aligned output and no dbias");
+  }
+  if constexpr (!kBwd && !Op::kGated && Op::Fn::kTabulate) {
+    // Rowwise only, bf16, a tabulated unary forward op: the table kernel when every resident block walks at least
+    // 4 whole steps after filling its tables (or TE_FORCE_TABLES=1).
+    if (in_dtype == DType::kBFloat16 && p.out_t == nullptr && p.out != nullptr && aligned(p.out, 8)) {
+      constexpr auto kernel = act_nv_row_kernel<Op>;
+      const int64_t n_blocks = n_chunks / 2;
+      const int64_t resident = int64_t(resident_per_sm<kernel>(kNvRowThreads, kNvRowSmem)) * device_sm_count_or_default();
+      const int64_t per_step = int64_t(kNvRowThreads) * kNvRowUnits;
+      if (resident > 0 && n_blocks > 0 && (force_tables() || n_blocks >= 4 * resident * per_step)) {
+        NvRowGeom geo;
+        geo.n_blocks = uint32_t(n_blocks);
+        geo.bpr = uint32_t(p.cols / kNvBlock);
+        geo.row_of = FastDiv(geo.bpr);
+        geo.scale_linear = !p.blk_swizzled && geo.bpr % 4 == 0;
+        const int64_t grid = std::min(resident, (n_blocks + kNvRowThreads - 1) / kNvRowThreads);
+        kernel<<<unsigned(grid), kNvRowThreads, kNvRowSmem, stream>>>(p, geo);
+        check_launch("activation kernel (NVFP4 rowwise tables)");
+        return;
+      }
+    }
+  }
+  if constexpr (!kBwd && !Op::kGated && Op::Fn::kTabulate) {
+    // Both copies, bf16, a tabulated unary forward op, whole 128 x 128 tiles: the table kernel when every resident
+    // block walks at least 8 tiles after filling its tables (or TE_FORCE_TABLES=1).
+    if (in_dtype == DType::kBFloat16 && p.out_t != nullptr && p.rows % kNvColTile == 0 && p.cols % kNvColTile == 0 &&
+        aligned(p.out_t, 16) && (p.out == nullptr || aligned(p.out, 8)) && p.rows > 0 && p.cols > 0) {
+      constexpr auto kernel = act_nv_rowcol_kernel<Op>;
+      NvColGeom geo;
+      geo.col_tiles = p.cols / kNvColTile;
+      geo.tiles = geo.col_tiles * (p.rows / kNvColTile);
+      const int64_t resident = int64_t(resident_per_sm<kernel>(kNvColThreads, kNvColSmem)) * device_sm_count_or_default();
+      if (resident > 0 && (force_tables() || geo.tiles >= 8 * resident)) {
+        kernel<<<unsigned(std::min(resident, geo.tiles)), kNvColThreads, kNvColSmem, stream>>>(p, geo);
+        check_launch("activation kernel (NVFP4 both copies, tables)");
+        return;
+      }
+    }
   }
   TE_SWITCH_IN_DTYPE(in_dtype, T, {
     if (p.out_t == nullptr) {

@@ -56,26 +56,31 @@ TE_HD uint32_t nvfp4_pack8(const float v[8], float enc) {
 // a/2 + 4, 7)) (RNE; the three affine pieces follow the E2M1 grid spacings 0.5, 1, 2 and meet at a = 2 and 4, so
 // ties to the even integer are ties to the even code); each piece is rounded once by an exact FMA/add onto 2^23
 // (ulp 1), so the minimum is 2^23 + code and its low bits are the code. Codes and signs (p >> 28, the sign at bit
-// 3) are gathered as base-16 digits by multiply-adds; the codes' constant 0x4B000000 digits are subtracted at the
-// end (the sum is exact mod 2^32).
+// 3; one funnel shift per value on the device) are gathered as base-16 digits; the codes' constant 0x4B000000
+// digits are subtracted at the end (the sum is exact mod 2^32).
+// kCap = false leaves out the cap at 7: valid when every |p| < 7 (then a/2 + 4 < 7.5 rounds to at most 7; checked
+// exhaustively over every non-NaN |p| < 7), which a caller knows from fl(block_amax * enc) < 7 (p = fl(v * enc) is
+// monotone in |v|); with normal E4M3 block scales the block's largest product is about 6.
 constexpr uint32_t nvfp4_pack8_bias() {
   uint32_t g = 0u;
   for (int k = 0; k < 8; ++k) g += 0x4B000000u << (4 * k);
   return g;
 }
-TE_HD uint32_t nvfp4_pack8_nonan(const float v[8], float enc) {
+template <bool kCap = true> TE_HD uint32_t nvfp4_pack8_nonan(const float v[8], float enc) {
   uint32_t c = 0u, t = 0u;
   for (int k = 7; k >= 0; --k) {
     const float p = v[k] * enc;
 #if defined(__CUDA_ARCH__)
     const float a = fabsf(p);
-    const float m = fminf(fminf(fma_f32(a, 2.0f, 0x1p23f), a + 0x1.000004p23f),
-                          fminf(fma_f32(a, 0.5f, 0x1.000008p23f), 0x1.00000ep23f));
-    t = t * 16u + __umulhi(float_bits(p), 16u);  // p >> 28 on the multiply pipe
+    const float lo = fminf(fma_f32(a, 2.0f, 0x1p23f), a + 0x1.000004p23f);
+    const float hi = fma_f32(a, 0.5f, 0x1.000008p23f);
+    const float m = fminf(lo, kCap ? fminf(hi, 0x1.00000ep23f) : hi);
+    t = __funnelshift_l(float_bits(p), t, 4);  // t * 16 + (p >> 28): one SHF
 #else
     const float a = std::fabs(p);
-    const float m = std::fmin(std::fmin(fma_f32(a, 2.0f, 0x1p23f), a + 0x1.000004p23f),
-                              std::fmin(fma_f32(a, 0.5f, 0x1.000008p23f), 0x1.00000ep23f));
+    const float lo = std::fmin(fma_f32(a, 2.0f, 0x1p23f), a + 0x1.000004p23f);
+    const float hi = fma_f32(a, 0.5f, 0x1.000008p23f);
+    const float m = std::fmin(lo, kCap ? std::fmin(hi, 0x1.00000ep23f) : hi);
     t = t * 16u + (float_bits(p) >> 28);
 #endif
     c = c * 16u + float_bits(m);
