@@ -52,6 +52,14 @@ void act_rows(const ActKernelParams& p, int64_t blk, int64_t block_rows, float s
 template <class Op, bool kBwd>
 void act_dispatch_dtype(DType in_dtype, const ActKernelParams& p, const ParallelFor& parallel_for) {
   if (p.mode == ScaleMode::kNvfp4) core_fail("activation_cpu: the fused NVFP4 mode is a CUDA path (the CPU casts a temporary)");
+  if (p.mode == ScaleMode::kCurrent && p.amax_in_call) {
+    // Current scaling in one call (ActKernelParams::amax_in_call): zero the amax, the amax pass, the cast.
+    *p.amax = 0.0f;
+    act_dispatch_dtype<Op, kBwd>(in_dtype, amax_pass_params(p), parallel_for);
+    ActKernelParams pc = p;
+    pc.amax_in_call = false;
+    return act_dispatch_dtype<Op, kBwd>(in_dtype, pc, parallel_for);
+  }
   if (p.noop != nullptr && *p.noop == 1.0f) return;
   const float scale = mode_writes_fp8(p.mode) ? mode_scale(p) : 1.0f;
   // Chunks of rows; with dbias, exactly the partial rows of act_dbias_rows.

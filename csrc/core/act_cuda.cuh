@@ -1964,13 +1964,7 @@ void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
     }
     const cudaError_t e = cudaMemsetAsync(p.amax, 0, sizeof(float), stream);
     if (e != cudaSuccess) core_fail(std::string("activation: zeroing the amax failed: ") + cudaGetErrorString(e));
-    ActKernelParams pa = p;
-    pa.mode = ScaleMode::kAmaxOnly;
-    pa.out = nullptr;
-    pa.out_t = nullptr;
-    pa.dbias_partial = nullptr;
-    pa.amax_in_call = false;
-    launch_act<Op, kBwd>(in_dtype, pa, stream);
+    launch_act<Op, kBwd>(in_dtype, amax_pass_params(p), stream);
     ActKernelParams pc = p;
     pc.amax_in_call = false;
     return launch_act<Op, kBwd>(in_dtype, pc, stream);

@@ -40,10 +40,11 @@ struct ActKernelParams {
   float* scale_inv = nullptr;       // [1] written as fl(1/scale) by FP8 modes
   const float* noop = nullptr;      // [1] optional: 1.0 means write nothing
   float* dbias_partial = nullptr;   // [act_dbias_blocks(rows, cols), out_cols] FP32 column sums of the values
-  // Current scaling in one call (CUDA, ScaleMode::kCurrent with amax_in_call): the launcher takes the amax itself and
-  // writes it to `amax`, which need not be zeroed: in one cooperative launch when the tensor fits one resident grid
-  // of at most amax_slots blocks (per-block maxima in amax_partials[0..amax_slots), grid barrier, cast of the values
-  // still held in registers), else by zeroing `amax` and running the amax pass and the cast.
+  // Current scaling in one call (ScaleMode::kCurrent with amax_in_call): the launcher takes the amax itself and
+  // writes it to `amax`, which need not be zeroed. On CUDA in one cooperative launch when the tensor fits one
+  // resident grid of at most amax_slots blocks (per-block maxima in amax_partials[0..amax_slots), grid barrier, cast
+  // of the values still held in registers); otherwise (and on the CPU) by zeroing `amax`, then the amax pass
+  // (amax_pass_params) and the cast.
   bool amax_in_call = false;
   float* amax_partials = nullptr;
   int amax_slots = 0;
@@ -157,6 +158,17 @@ TE_HD float amax_update(float running, float v) {
 // covers a given tensor.
 constexpr int kOneLaunchAmaxSlots = 1024;
 constexpr int64_t kOneLaunchMaxElems = int64_t(kOneLaunchAmaxSlots) * 512 * 2 * 8;
+
+// The amax pass over the op of `p` (current scaling's first pass, NVFP4's global amax): the same input and op,
+// nothing written but `amax`, which the caller has zeroed.
+inline ActKernelParams amax_pass_params(ActKernelParams p) {
+  p.mode = ScaleMode::kAmaxOnly;
+  p.out = nullptr;
+  p.out_t = nullptr;
+  p.dbias_partial = nullptr;
+  p.amax_in_call = false;
+  return p;
+}
 
 // The scale an FP8 mode multiplies by.
 TE_HD float mode_scale(const ActKernelParams& p) {

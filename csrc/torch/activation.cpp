@@ -110,13 +110,12 @@ void run_fp8_per_tensor(const ActRequest& r, const ActGeometry& geo, const Quant
   // Current scaling without a given amax takes it in a first pass, into a float that only this call uses. A new
   // scale_inv carries that float in its own allocation, right after its one element: one allocation (and free)
   // less per call; the returned scale_inv is still a plain [1] tensor.
-  // On CUDA the kernel launcher takes that amax itself (ActKernelParams::amax_in_call): a small rowwise cast does it
-  // in one cooperative launch with per-block maxima in slots that follow the amax, so nothing is zeroed first.
+  // The kernel launcher takes that amax itself (ActKernelParams::amax_in_call), so nothing is zeroed here; on CUDA a
+  // small rowwise cast does it in one cooperative launch with per-block maxima in slots that follow the amax.
   const bool amax_pass = spec.kind == te::QuantKind::kFp8Current && !spec.amax.has_value();
-  const bool in_call = amax_pass && x.is_cuda();
-  const int64_t slots = in_call && !spec.columnwise && geo.rows * geo.out_cols <= te::kOneLaunchMaxElems
-                            ? te::kOneLaunchAmaxSlots
-                            : 0;
+  const bool one_launch = amax_pass && x.is_cuda() && !spec.columnwise &&
+                          geo.rows * geo.out_cols <= te::kOneLaunchMaxElems;
+  const int64_t slots = one_launch ? te::kOneLaunchAmaxSlots : 0;
   Tensor amax_tmp;
   float* amax = spec.amax.has_value() ? spec.amax->data_ptr<float>() : nullptr;
   if (!into) {
@@ -124,13 +123,11 @@ void run_fp8_per_tensor(const ActRequest& r, const ActGeometry& geo, const Quant
     if (spec.columnwise) o.col_data = new_empty(geo.transposed_shape(), x.options().dtype(at::kByte));
     o.row_scale_inv = new_empty({amax_pass ? 2 + slots : 1}, f32);
     if (amax_pass) {
-      if (!in_call) zero_floats(o.row_scale_inv);
       amax = o.row_scale_inv.data_ptr<float>() + 1;
       o.row_scale_inv.unsafeGetTensorImpl()->set_sizes_contiguous({1});
     }
   } else if (amax_pass) {
     amax_tmp = new_empty({1 + slots}, f32);
-    if (!in_call) zero_scalar(amax_tmp);
     amax = amax_tmp.data_ptr<float>();
   }
   p.out = spec.rowwise && o.row_data.numel() > 0 ? o.row_data.data_ptr() : nullptr;
@@ -148,17 +145,10 @@ void run_fp8_per_tensor(const ActRequest& r, const ActGeometry& geo, const Quant
   // passed in the spec is an already (all-)reduced amax: the first pass is skipped.
   p.force_pow2 = spec.force_pow2();
   p.amax_epsilon = float(spec.amax_epsilon);
-  if (in_call) {
+  if (amax_pass) {
     p.amax_in_call = true;
     p.amax_partials = slots > 0 ? amax + 1 : nullptr;
     p.amax_slots = int(slots);
-  } else if (amax_pass) {
-    te::ActKernelParams pa = p;
-    pa.mode = te::ScaleMode::kAmaxOnly;
-    pa.out = nullptr;
-    pa.out_t = nullptr;
-    pa.dbias_partial = nullptr;
-    run_activation(r.kind, r.backward, dt, pa, x);
   }
   p.mode = te::ScaleMode::kCurrent;
   run_activation(r.kind, r.backward, dt, p, x);
@@ -326,11 +316,7 @@ void run_nvfp4_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec
     // recomputed and both copies quantized from rnd_in(act(x)) in one kernel (ScaleMode::kNvfp4).
     Tensor amax = new_empty({1}, f32);  // a temporary: a noop launch leaves the tensor's amax fields untouched
     zero_floats(amax);
-    te::ActKernelParams pa = base;
-    pa.mode = te::ScaleMode::kAmaxOnly;
-    pa.out = nullptr;
-    pa.out_t = nullptr;
-    pa.dbias_partial = nullptr;
+    te::ActKernelParams pa = te::amax_pass_params(base);
     pa.amax = amax.data_ptr<float>();
     run_activation(r.kind, r.backward, dt, pa, x);
     te::ActKernelParams pq = base;
@@ -360,11 +346,7 @@ void run_nvfp4_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec
     if (!identity) src = y;
   }
   if (!identity && !spec.rht()) {
-    te::ActKernelParams pa = base;
-    pa.mode = te::ScaleMode::kAmaxOnly;
-    pa.out = nullptr;
-    pa.out_t = nullptr;
-    pa.dbias_partial = nullptr;
+    te::ActKernelParams pa = te::amax_pass_params(base);
     pa.amax = amax_ptr;
     run_activation(r.kind, r.backward, dt, pa, x);
   } else {
