@@ -628,20 +628,6 @@ __device__ __forceinline__ void emit8_nv_row(const float (&v)[kVec], const ActKe
   if ((threadIdx.x & 1u) == 0u) p.blk_scale[soff] = sf;
 }
 
-// The same for the rowwise table path of a unary bf16 forward op: the block multiplier comes from `enc_tab` (entry
-// sf = nvfp4_block_multiplier(sf, S_dec), filled per block; sf <= 0x7E since the amax is >= 0 and NaN-free) instead
-// of a decode and a division, and `finite` chunks (table values: no NaN products) take nvfp4_pack8_nonan.
-template <bool kFull>
-__device__ __forceinline__ void emit8_nv_row_tab(const float (&v)[kVec], bool finite, const ActKernelParams& p,
-                                                 const NvGlobal& gs, const float* enc_tab, int64_t off, int64_t soff) {
-  const float a = block_amax8<2, kFull>(v);
-  const uint32_t sf = float2_to_fp8x2<true>(a * (gs.s_enc * kInv6), 0.0f);  // high byte: the code of 0
-  const float enc = enc_tab[sf];
-  *reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(p.out) + off / 2) =
-      finite ? nvfp4_pack8_nonan(v, enc) : nvfp4_pack8(v, enc);
-  if ((threadIdx.x & 1u) == 0u) p.blk_scale[soff] = uint8_t(sf);
-}
-
 // Zero padding of the NVFP4 scale tensors of a launch (rowwise when `out` is set, columnwise when `out_t` is).
 __device__ __forceinline__ void nv_scale_padding(const ActKernelParams& p, int64_t out_cols) {
   const int64_t rows = p.rows;
@@ -698,23 +684,13 @@ struct RowwiseGeom {
                              // per chunk row (scale entry = chunk / chunks per block)
 };
 
-// NVFP4 rowwise table path: the block multipliers of scale codes 0..127 sit in the gap of the split bf16 table.
+// The split bf16 table with the block multipliers of NVFP4 scale codes 0..127 in the gap after its positive half
+// (the NVFP4 both-copies table kernel).
 __device__ __forceinline__ const float* nv_enc_tab(const float* lut) {
   return reinterpret_cast<const float*>(reinterpret_cast<const unsigned char*>(lut) + kHalfLutHalfBytes);
 }
 constexpr size_t kNvTabBytes = kHalfLutNegOffset + kHalfLutHalfBytes;
 static_assert(kHalfLutHalfBytes + 128 * 4 <= kHalfLutNegOffset, "the multipliers fit between the table halves");
-
-template <class Op, bool kBwd, bool kRnd, bool kNvTab>
-__device__ __forceinline__ void rowwise_tables(float* lut, const ActArgs& args, const NvGlobal& nv) {
-  if constexpr (kNvTab) {
-    float* enc = const_cast<float*>(nv_enc_tab(lut));
-    if (threadIdx.x < 128) enc[threadIdx.x] = nvfp4_block_multiplier(uint8_t(threadIdx.x), nv.s_dec);
-    half_lut_fill<Op, kRowThreads>(reinterpret_cast<unsigned char*>(lut), args);  // ends with a barrier
-  } else {
-    lut_fill<Op, kBwd, kRowThreads, kRnd>(lut, args);
-  }
-}
 
 // Element offsets of chunk ci in x (a half of a gated row) and in the output.
 template <bool kGated, bool kTwoOut>
@@ -748,9 +724,6 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
   // Block formats: values rounded to the input dtype (SPEC §5.1) by eval8; kBlkChunks chunks per 1xN block.
   constexpr bool kBlk = kOut == OutKind::kMxRow || kOut == OutKind::kNvRow;
   constexpr uint32_t kBlkChunks = uint32_t((kOut == OutKind::kNvRow ? kNvBlock : kMxBlock) / kVec);
-  // NVFP4 rowwise, table path of a unary bf16 forward op: the split bf16 table (rnd_in(fwd) as bf16 bits, one shift
-  // and one mask per offset), the block multipliers of the 128 scale codes in the gap between its halves.
-  constexpr bool kNvTab = kOut == OutKind::kNvRow && kLut && !kGated && !kBwd && std::is_same<InT, bf16_t>::value;
   __shared__ float red[kRowThreads / 32];
   extern __shared__ float lut[];
 
@@ -798,21 +771,7 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
       int64_t xoff, ooff;
       offsets(ci, xoff, ooff);
       float out[2][kVec];
-      [[maybe_unused]] bool finite = false;
-      if constexpr (kNvTab) {
-        uint32_t toff[kVec];
-        finite = lut_offsets<true>(r.a[u], toff);
-        if (finite) {
-          const unsigned char* tb = reinterpret_cast<const unsigned char*>(lut);
-#pragma unroll
-          for (int k = 0; k < kVec; ++k)
-            out[0][k] = bits_float(uint32_t(*reinterpret_cast<const uint16_t*>(tb + toff[k])) << 16);
-        } else {
-          eval8<Op, kBwd, false, true>(r.a[u], r.b[u], r.g[u], p.act, lut, out);
-        }
-      } else {
-        eval8<Op, kBwd, kLut, kBlk>(r.a[u], r.b[u], r.g[u], p.act, lut, out);
-      }
+      eval8<Op, kBwd, kLut, kBlk>(r.a[u], r.b[u], r.g[u], p.act, lut, out);
 #pragma unroll
       for (int h = 0; h < (kTwoOut ? 2 : 1); ++h) {
         if constexpr (kBlk) {
@@ -827,8 +786,6 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
           }
           if constexpr (kOut == OutKind::kMxRow) {
             emit8_mx_row<kWhole>(out[h], p, ooff + h * cols, soff);
-          } else if constexpr (kNvTab) {
-            emit8_nv_row_tab<kWhole>(out[h], finite, p, nv, nv_enc_tab(lut), ooff + h * cols, soff);
           } else {
             emit8_nv_row<kWhole>(out[h], p, nv, ooff + h * cols, soff);
           }
@@ -852,14 +809,14 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
   if constexpr (kLut && kPrefetch) {
     // Two register sets: the next step's loads are in flight during this step's math.
     if (first < full_end) load_step(r0, first, step_units);
-    rowwise_tables<Op, kBwd, kBlk, kNvTab>(lut, p.act, nv);  // overlaps the first loads
+    lut_fill<Op, kBwd, kRowThreads, kBlk>(lut, p.act);  // overlaps the first loads
     walk_double_buffered(
         first, full_end, stride, r0, r1, [&](Regs& r, uint32_t step) { load_step(r, step, step_units); },
         [&](const Regs& r, uint32_t step) { compute_step(r, step, step_units, whole); });
   } else {
     if constexpr (kLut) {
       if (first < full_end) load_step(r0, first, step_units);
-      rowwise_tables<Op, kBwd, kBlk, kNvTab>(lut, p.act, nv);  // overlaps the first loads
+      lut_fill<Op, kBwd, kRowThreads, kBlk>(lut, p.act);  // overlaps the first loads
     }
     for (uint32_t step = first; step < full_end; step += stride) {
       if (!kLut || step != first) load_step(r0, step, step_units);
@@ -1022,6 +979,21 @@ __device__ __forceinline__ uint2 nv_encode16(const float (&v)[16], float amax, f
   return make_uint2(nvfp4_pack8_nonan<true>(v, enc), nvfp4_pack8_nonan<true>(v + 8, enc));
 }
 
+// One 1x16 block of the table kernels from its 16 values (rnd_in): the E4M3 scale code of amax * S_enc / 6 and the
+// 8 code bytes with the block multiplier enc_tab[sf] (sf <= 0x7E: the amax is >= 0 and NaN-free).
+struct NvBlockCodes {
+  uint2 codes;
+  uint32_t sf;
+};
+__device__ __forceinline__ NvBlockCodes nv_block16(const float (&v)[16], float s_enc6, const float* enc_tab,
+                                                   bool finite) {
+  float a = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) a = amax_update(a, v[k]);
+  const uint32_t sf = float2_to_fp8x2<true>(a * s_enc6, 0.0f);  // high byte: the code of 0
+  return {nv_encode16(v, a, enc_tab[sf], finite), sf};
+}
+
 template <class Op>
 __global__ void __launch_bounds__(kNvRowThreads, 1)
 act_nv_row_kernel(const ActKernelParams p, const NvRowGeom geo) {
@@ -1065,18 +1037,14 @@ act_nv_row_kernel(const ActKernelParams p, const NvRowGeom geo) {
         for (int k = 0; k < kVec; ++k) v[8 * c + k] = o[0][k];
       }
     }
-    float a = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 16; ++k) a = amax_update(a, v[k]);
-    const uint32_t sf = float2_to_fp8x2<true>(a * s_enc6, 0.0f);  // high byte: the code of 0
-    const float enc = enc_tab[sf];  // sf <= 0x7E: the amax is >= 0 and NaN-free
-    out[b] = nv_encode16(v, a, enc, finite);
+    const NvBlockCodes nb = nv_block16(v, s_enc6, enc_tab, finite);
+    out[b] = nb.codes;
     int64_t soff = b;
     if (!geo.scale_linear) {
       const uint32_t r = geo.row_of.div(b);
       soff = nv_row_scale_offset(r, b - r * geo.bpr, cols, p.blk_swizzled);
     }
-    p.blk_scale[soff] = uint8_t(sf);
+    p.blk_scale[soff] = uint8_t(nb.sf);
   };
   auto compute_step = [&](const Regs& r, uint32_t step, int units, bool checked) {
 #pragma unroll
@@ -1195,16 +1163,12 @@ act_nv_rowcol_kernel(const ActKernelParams p, const NvColGeom geo) {
       finite = finite && fin;
       if (p.out != nullptr) {
         float v[16];
-        float a = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 16; ++k) {
-          v[k] = bits_float(h[k] << 16);
-          a = amax_update(a, v[k]);
-        }
-        const uint32_t sf = float2_to_fp8x2<true>(a * s_enc6, 0.0f);  // high byte: the code of 0
+        for (int k = 0; k < 16; ++k) v[k] = bits_float(h[k] << 16);
+        const NvBlockCodes nb = nv_block16(v, s_enc6, enc_tab, fin);
         const int64_t jb = c0 / kNvBlock + j;  // the block's index along its row
-        static_cast<uint2*>(p.out)[(m0 + r) * (cols / kNvBlock) + jb] = nv_encode16(v, a, enc_tab[sf], fin);
-        p.blk_scale[nv_row_scale_offset(m0 + r, jb, cols, swz)] = uint8_t(sf);
+        static_cast<uint2*>(p.out)[(m0 + r) * (cols / kNvBlock) + jb] = nb.codes;
+        p.blk_scale[nv_row_scale_offset(m0 + r, jb, cols, swz)] = uint8_t(nb.sf);
       }
       // Stage the 16 values as 8 words of bf16 pairs: two 16-byte stores.
 #pragma unroll
@@ -1230,18 +1194,13 @@ act_nv_rowcol_kernel(const ActKernelParams p, const NvColGeom geo) {
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         float v[16];
-        float a = 0.0f;
 #pragma unroll
-        for (int rr = 0; rr < 16; ++rr) {
-          v[rr] = bits_float(c == 0 ? wd[rr] << 16 : wd[rr] & 0xFFFF0000u);
-          a = amax_update(a, v[rr]);
-        }
-        const uint32_t sf = float2_to_fp8x2<true>(a * s_enc6, 0.0f);
-        const uint2 w = nv_encode16(v, a, enc_tab[sf], tile_finite);
-        res[c][2 * half] = w.x;
-        res[c][2 * half + 1] = w.y;
+        for (int rr = 0; rr < 16; ++rr) v[rr] = bits_float(c == 0 ? wd[rr] << 16 : wd[rr] & 0xFFFF0000u);
+        const NvBlockCodes nb = nv_block16(v, s_enc6, enc_tab, tile_finite);
+        res[c][2 * half] = nb.codes.x;
+        res[c][2 * half + 1] = nb.codes.y;
         const int64_t k = c0 + 2 * cp + c;
-        p.blk_scale_t[nv_col_scale_offset(k, (m0 + 32 * q + 16 * half) / kNvBlock, rows, swz)] = uint8_t(sf);
+        p.blk_scale_t[nv_col_scale_offset(k, (m0 + 32 * q + 16 * half) / kNvBlock, rows, swz)] = uint8_t(nb.sf);
       }
     }
 #pragma unroll
@@ -1799,8 +1758,7 @@ void launch_rowwise(const ActKernelParams& p, uint32_t cpr, uint32_t n_chunks, c
   if constexpr (Op::Fn::kTabulate && std::is_same<T, bf16_t>::value) {
     // Tables pay off when each resident block walks several steps after filling them.
     constexpr auto kernel = act_rowwise_kernel<Op, kBwd, T, kOut, true>;
-    constexpr bool kNvTab = kOut == OutKind::kNvRow && !Op::kGated && !kBwd;
-    constexpr size_t kSmem = kNvTab ? kNvTabBytes : LutPlan<Op, kBwd>::kBytes;
+    constexpr size_t kSmem = LutPlan<Op, kBwd>::kBytes;
     const int64_t resident = int64_t(resident_per_sm<kernel>(kRowThreads, kSmem)) * sms;
     if (resident > 0 && (force_tables() || (!small && blocks >= 4 * resident))) {
       kernel<<<unsigned(std::min(blocks, resident)), kRowThreads, kSmem, stream>>>(p, geo);
