@@ -1029,13 +1029,19 @@ act_nv_row_kernel(const ActKernelParams p, const NvRowGeom geo) {
 #pragma unroll
       for (int k = 0; k < 16; ++k) v[k] = *reinterpret_cast<const float*>(smem + off[k]);
     } else {
-      float o[2][kVec];
-#pragma unroll
+      // Rare (an input outside the tables): one chunk at a time through local memory, so that this code beside the
+      // hot loop stays small (H200: fully unrolled, the loop outgrew the instruction cache, 108 instead of 95 us).
+      float w[2][kVec];
+#pragma unroll 1
       for (int c = 0; c < 2; ++c) {
-        eval8<Op, false, false, true>(raw[c], raw[c], raw[c], p.act, nullptr, o);
+        const Vec8<bf16_t> rc = c == 0 ? raw[0] : raw[1];
+        float o[2][kVec];
+        eval8<Op, false, false, true>(rc, rc, rc, p.act, nullptr, o);
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) v[8 * c + k] = o[0][k];
+        for (int k = 0; k < kVec; ++k) w[c][k] = o[0][k];
       }
+#pragma unroll
+      for (int k = 0; k < 16; ++k) v[k] = w[k / 8][k % 8];
     }
     const NvBlockCodes nb = nv_block16(v, s_enc6, enc_tab, finite);
     out[b] = nb.codes;
