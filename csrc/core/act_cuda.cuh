@@ -845,6 +845,8 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
 // exact and order-free) and casts its values with that scale. One launch, no memset, no second read of the input:
 // the launch-bound regime of small calls. Needs a cooperative launch (all blocks resident).
 template <class Op, bool kBwd> constexpr int coop_units() { return (kBwd && Op::kGated) ? 1 : 2; }
+static_assert(kOneLaunchMaxElems == int64_t(kOneLaunchAmaxSlots) * kRowThreads * 2 * kVec,
+              "activation.h's one-launch size: the slots times a block's chunks at two per thread");
 
 template <class Op, bool kBwd, typename InT>
 __global__ void __launch_bounds__(kRowThreads, 2) act_current_coop_kernel(const ActKernelParams p, const RowwiseGeom geo) {

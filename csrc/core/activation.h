@@ -154,8 +154,9 @@ TE_HD float amax_update(float running, float v) {
 }
 
 // Current scaling in one call (ActKernelParams::amax_in_call): the per-block amax slots a caller provides, and the
-// largest tensor (elements) worth providing them for; the CUDA launcher decides from residency whether one launch
-// covers a given tensor.
+// largest tensor (elements) worth providing them for (slots x 512 threads x 2 chunks per thread x 8 elements per
+// chunk: act_cuda.cuh's kRowThreads, coop_units and kVec, which this torch-free header does not see); the CUDA
+// launcher decides from residency whether one launch covers a given tensor.
 constexpr int kOneLaunchAmaxSlots = 1024;
 constexpr int64_t kOneLaunchMaxElems = int64_t(kOneLaunchAmaxSlots) * 512 * 2 * 8;
 

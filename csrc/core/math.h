@@ -57,7 +57,8 @@ TE_HD float exp_f32(float y) {
 // divides. The device takes the fast path of the compiler's own RN reciprocal without its range test and the
 // per-element branch around it (which split every element's math into its own region): the approximate reciprocal,
 // then one FMA residual and one FMA correction, correctly rounded for normal d whose reciprocal is normal, as here.
-// The same bits as `1.0f / d`; a third fewer instructions per element in the computed activation path.
+// The same bits as `1.0f / d` (checked on the device for every float in [1, 2^126)); the computed gelu forward
+// path takes about 21 instead of 37 instructions per element.
 TE_HD float recip_f32(float d) {
 #if defined(__CUDA_ARCH__)
   float r;
