@@ -50,6 +50,32 @@ def _inputs(kind, shape, dtype, seed):
     return x.reshape(shape)
 
 
+# Gated forward ops to plain outputs whose half rows hold at least 64 chunks of 8 take a 2-D grid of their own
+# (act_cuda.cuh, act_gated_rows_kernel): ragged column blocks (800 = 1.56 blocks of 512), row counts that are not a
+# multiple of the 4 rows per block, leading dims, and inputs with every special value.
+@pytest.mark.parametrize("inp", ["uniform", "bits"])
+@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
+@pytest.mark.parametrize("name", sorted(ref.GATED))
+def test_parity_gated_rows_kernel(name, dtype, inp):
+    for i, shape in enumerate([(37, 2 * 512), (5, 2 * 800), (3, 7, 2 * 1024)]):
+        x = _inputs(inp, shape, dtype, 10 + i)
+        y_cpu = getattr(tex_module(), name)(x, None)
+        y_cuda = getattr(tex_module(), name)(x.cuda(), None)
+        assert_same(y_cpu, y_cuda, f"{name} {dtype} {inp} {shape}")
+
+
+def test_gated_rows_kernel_strides_past_grid_rows():
+    """More row groups of 4 than a grid's 65535: blocks walk down the rows. Rows on both sides of the wrap and at the
+    end against the CPU op on those rows (the op is row by row)."""
+    rows, h = 65535 * 4 + 9, 512
+    g = torch.Generator(device="cuda").manual_seed(5)
+    x = (torch.rand(rows, 2 * h, device="cuda", generator=g) * 6 - 3).to(torch.bfloat16)
+    y = tex_module().swiglu(x, None)
+    for lo in (0, 65535 * 4 - 3, rows - 6):
+        xs = x[lo:lo + 6].cpu()
+        assert_same(tex_module().swiglu(xs, None), y[lo:lo + 6], f"rows {lo}..{lo + 5}")
+
+
 @pytest.mark.parametrize("inp", ["uniform", "bits"])
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 @pytest.mark.parametrize("name", ref.ACT_NAMES)
