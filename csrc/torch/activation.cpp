@@ -18,7 +18,7 @@ struct QuantOutputs {
   // storage, so one empty tensor cannot stand for all of them), data pieces in `data_dtype`, the rest float32.
   QOut returned(const Tensor& ref, at::ScalarType data_dtype) const {
     const auto or_empty = [&ref](const Tensor& t, at::ScalarType dtype) {
-      return t.defined() ? t : new_empty({0}, ref.options().dtype(dtype));
+      return t.defined() ? t : new_placeholder(ref, dtype);
     };
     return {or_empty(row_data, data_dtype), or_empty(row_scale_inv, at::kFloat), or_empty(col_data, data_dtype),
             or_empty(col_scale_inv, at::kFloat), or_empty(amax_row, at::kFloat), or_empty(amax_col, at::kFloat)};
@@ -119,15 +119,15 @@ void run_fp8_per_tensor(const ActRequest& r, const ActGeometry& geo, const Quant
   Tensor amax_tmp;
   float* amax = spec.amax.has_value() ? spec.amax->data_ptr<float>() : nullptr;
   if (!into) {
-    if (spec.rowwise) o.row_data = new_empty(geo.out_shape, x.options().dtype(at::kByte));
-    if (spec.columnwise) o.col_data = new_empty(geo.transposed_shape(), x.options().dtype(at::kByte));
-    o.row_scale_inv = new_empty({amax_pass ? 2 + slots : 1}, f32);
+    if (spec.rowwise) o.row_data = new_empty_in_guard(geo.out_shape, x.options().dtype(at::kByte));
+    if (spec.columnwise) o.col_data = new_empty_in_guard(geo.transposed_shape(), x.options().dtype(at::kByte));
+    o.row_scale_inv = new_empty_in_guard({amax_pass ? 2 + slots : 1}, f32);
     if (amax_pass) {
       amax = o.row_scale_inv.data_ptr<float>() + 1;
       o.row_scale_inv.unsafeGetTensorImpl()->set_sizes_contiguous({1});
     }
   } else if (amax_pass) {
-    amax_tmp = new_empty({1 + slots}, f32);
+    amax_tmp = new_empty_in_guard({1 + slots}, f32);
     amax = amax_tmp.data_ptr<float>();
   }
   p.out = spec.rowwise && o.row_data.numel() > 0 ? o.row_data.data_ptr() : nullptr;
@@ -178,12 +178,12 @@ void run_mxfp8_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec
   if (!into) {
     const auto u8 = x.options().dtype(at::kByte);
     if (spec.rowwise) {
-      o.row_data = new_empty(geo.out_shape, u8);
-      o.row_scale_inv = new_empty({ss.row_r, ss.row_c}, u8);
+      o.row_data = new_empty_in_guard(geo.out_shape, u8);
+      o.row_scale_inv = new_empty_in_guard({ss.row_r, ss.row_c}, u8);
     }
     if (spec.columnwise) {
-      o.col_data = new_empty(geo.out_shape, u8);
-      o.col_scale_inv = new_empty({ss.col_r, ss.col_c}, u8);
+      o.col_data = new_empty_in_guard(geo.out_shape, u8);
+      o.col_scale_inv = new_empty_in_guard({ss.col_r, ss.col_c}, u8);
     }
   }
   te::Mxfp8Params p;
@@ -213,12 +213,12 @@ void alloc_fp8_block_outputs(const ActGeometry& geo, const QuantSpec& spec, cons
   const te::Fp8BlockScaleShapes ss = te::fp8_block_scale_shapes(geo.rows, geo.out_cols, spec.block_dim == 2);
   const auto u8 = x.options().dtype(at::kByte), f32 = x.options().dtype(at::kFloat);
   if (spec.rowwise) {
-    o.row_data = new_empty(geo.out_shape, u8);
-    o.row_scale_inv = new_empty({ss.row_r, ss.row_c}, f32);
+    o.row_data = new_empty_in_guard(geo.out_shape, u8);
+    o.row_scale_inv = new_empty_in_guard({ss.row_r, ss.row_c}, f32);
   }
   if (spec.columnwise) {
-    o.col_data = new_empty(geo.transposed_shape(), u8);
-    o.col_scale_inv = new_empty({ss.col_r, ss.col_c}, f32);
+    o.col_data = new_empty_in_guard(geo.transposed_shape(), u8);
+    o.col_scale_inv = new_empty_in_guard({ss.col_r, ss.col_c}, f32);
   }
 }
 
@@ -229,7 +229,7 @@ void run_fp8_block_path(const ActRequest& r, const ActGeometry& geo, const Quant
                         const te::ActKernelParams& base, QuantOutputs& o, bool into) {
   Tensor src = r.x;
   if (r.kind != te::ActKind::kIdentity || r.with_dbias) {
-    src = new_empty(geo.out_shape, r.x.options());
+    src = new_empty_in_guard(geo.out_shape, r.x.options());
     te::ActKernelParams pp = base;
     pp.out = src.data_ptr();
     pp.mode = te::ScaleMode::kPlain;
@@ -296,14 +296,14 @@ void run_nvfp4_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec
     if (spec.rowwise) {
       at::DimVector shape = geo.out_shape;
       shape.back() = geo.out_cols / 2;
-      o.row_data = new_empty(shape, u8);
-      o.row_scale_inv = new_empty({ss.row_r, ss.row_c}, u8);
-      o.amax_row = new_empty({1}, f32);
+      o.row_data = new_empty_in_guard(shape, u8);
+      o.row_scale_inv = new_empty_in_guard({ss.row_r, ss.row_c}, u8);
+      o.amax_row = new_empty_in_guard({1}, f32);
     }
     if (spec.columnwise) {
-      o.col_data = new_empty({geo.out_cols, geo.rows / 2}, u8);
-      o.col_scale_inv = new_empty({ss.col_r, ss.col_c}, u8);
-      o.amax_col = new_empty({1}, f32);
+      o.col_data = new_empty_in_guard({geo.out_cols, geo.rows / 2}, u8);
+      o.col_scale_inv = new_empty_in_guard({ss.col_r, ss.col_c}, u8);
+      o.amax_col = new_empty_in_guard({1}, f32);
     }
   }
   const bool identity = r.kind == te::ActKind::kIdentity && !r.backward;
@@ -314,7 +314,7 @@ void run_nvfp4_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec
       (!spec.rowwise || aligned(o.row_data, 4))) {
     // CUDA, FUSED_ACTIVATION_AMAX_NVFP4 in two passes over x: the amax of the unrounded values, then the op
     // recomputed and both copies quantized from rnd_in(act(x)) in one kernel (ScaleMode::kNvfp4).
-    Tensor amax = new_empty({1}, f32);  // a temporary: a noop launch leaves the tensor's amax fields untouched
+    Tensor amax = new_empty_in_guard({1}, f32);  // a temporary: a noop launch leaves the tensor's amax fields untouched
     zero_floats(amax);
     te::ActKernelParams pa = te::amax_pass_params(base);
     pa.amax = amax.data_ptr<float>();
@@ -333,12 +333,12 @@ void run_nvfp4_path(const ActRequest& r, const ActGeometry& geo, const QuantSpec
     run_activation(r.kind, r.backward, dt, pq, x);
     return;
   }
-  Tensor amax = new_empty({2}, f32);  // [rowwise, columnwise] global amaxes of this call
+  Tensor amax = new_empty_in_guard({2}, f32);  // [rowwise, columnwise] global amaxes of this call
   zero_floats(amax);
   float* amax_ptr = amax.data_ptr<float>();
   Tensor src = x;
   if (!identity || r.with_dbias) {
-    Tensor y = new_empty(geo.out_shape, x.options());
+    Tensor y = new_empty_in_guard(geo.out_shape, x.options());
     te::ActKernelParams pp = base;
     pp.out = y.data_ptr();
     pp.mode = te::ScaleMode::kPlain;
@@ -411,8 +411,8 @@ ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* i
   if (r.with_dbias) {
     TORCH_CHECK_VALUE(!te::act_is_gated(r.kind), r.op, ": dbias is defined for unary activations only");
     const int64_t partial_rows = mx ? te::mxfp8_dbias_blocks(geo.rows) : te::act_dbias_blocks(geo.rows, geo.cols);
-    partial = new_empty({partial_rows, geo.out_cols}, r.x.options().dtype(at::kFloat));
-    grad_bias = new_empty({geo.out_cols}, r.x.options());
+    partial = new_empty_in_guard({partial_rows, geo.out_cols}, r.x.options().dtype(at::kFloat));
+    grad_bias = new_empty_in_guard({geo.out_cols}, r.x.options());
     p.dbias_partial = partial.data_ptr<float>();
   }
 
@@ -422,7 +422,7 @@ ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* i
     case te::FusionPath::kFullyFused:
     case te::FusionPath::kFusedActivationAmaxFp8:
       if (spec.kind == te::QuantKind::kNone) {
-        o.row_data = new_empty(geo.out_shape, r.x.options());
+        o.row_data = new_empty_in_guard(geo.out_shape, r.x.options());
         p.out = o.row_data.data_ptr();
         p.mode = te::ScaleMode::kPlain;
         run_activation(r.kind, r.backward, dt, p, r.x);

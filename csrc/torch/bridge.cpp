@@ -250,6 +250,34 @@ Tensor new_empty(c10::IntArrayRef shape, const at::TensorOptions& options) {
   return Tensor(at::detail::empty_cpu(shape, options));
 }
 
+Tensor new_empty_in_guard(c10::IntArrayRef shape, const at::TensorOptions& options) {
+#if defined(TE_WITH_CUDA)
+  if (options.device().is_cuda()) {
+    // empty_cuda's own device guard (a get and a set of the current device) would repeat the caller's.
+    constexpr c10::DispatchKeySet kCuda(c10::DispatchKey::CUDA);
+    return Tensor(at::detail::empty_generic(shape, at::cuda::getCUDADeviceAllocator(), kCuda,
+                                            c10::typeMetaToScalarType(options.dtype()), c10::nullopt));
+  }
+#endif
+  return Tensor(at::detail::empty_cpu(shape, options));
+}
+
+Tensor new_placeholder(const Tensor& ref, at::ScalarType dtype) {
+#if defined(TE_WITH_CUDA)
+  if (ref.is_cuda()) {
+    // What empty_cuda makes of zero elements (a null data pointer on ref's device, the caching allocator for any
+    // later resize), without the device guard and the allocator call it makes on the way.
+    c10::Storage storage(c10::Storage::use_byte_size_t(), 0, c10::DataPtr(nullptr, ref.device()),
+                         at::cuda::getCUDADeviceAllocator(), /*resizable=*/true);
+    Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                                                        c10::scalarTypeToTypeMeta(dtype));
+    t.unsafeGetTensorImpl()->set_sizes_contiguous({0});
+    return t;
+  }
+#endif
+  return new_empty({0}, ref.options().dtype(dtype));
+}
+
 void zero_floats(const Tensor& t) {
 #if defined(TE_WITH_CUDA)
   if (t.is_cuda()) {

@@ -85,6 +85,10 @@ void run_dbias_reduce(const Tensor& partial, Tensor& out);
 // caching allocator on CUDA): at::empty adds a dispatcher round trip (about 65 ns on a fast host), and a quantizing
 // op makes up to seven tensors, the 0-element ones it returns for absent pieces included.
 Tensor new_empty(c10::IntArrayRef shape, const at::TensorOptions& options);
+// new_empty for a caller that holds a device guard for options' device (CUDA: no guard of its own).
+Tensor new_empty_in_guard(c10::IntArrayRef shape, const at::TensorOptions& options);
+// A 0-element tensor of `dtype` on ref's device, made without any CUDA call (the absent pieces of a quantizing op).
+Tensor new_placeholder(const Tensor& ref, at::ScalarType dtype);
 // Zeroes a one-element float32 tensor: a 4-byte memset on the current stream for CUDA (cheaper to issue than a
 // fill kernel, capturable), a plain store on the CPU.
 void zero_scalar(const Tensor& t);
