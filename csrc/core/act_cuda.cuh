@@ -868,10 +868,11 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
 // block along a row, kGatedRows rows per block, blockIdx.y down the rows (strided past the grid's 65535 limit). No
 // chunk -> row division, no table fill per block, the functor's computed math, full occupancy (32 registers: at 42-51
 // registers the H200 lost 10-18 %), and store8_packed keeps the output one 16-byte store per chunk.
-// swiglu bf16, x 16384x16384, H200 (probe of kernel variants in one run): 186 us against 202 us for act_rowwise_kernel
-// with tables, 192 us without, and 190 us for torch.compile's kernel; H100: 267 against 281 (compile 269). FP8 outputs
-// stay with act_rowwise_kernel's tables (this kernel computing them: H100 delayed 243 against 233 us, current 439
-// against 417).
+// swiglu bf16, x 16384x16384, H200: 194.0 us in the benchmark (torch.compile 189.3; act_rowwise_kernel with tables
+// 198.5). A probe of the same layout timed 186 us back to back, against 202 us for act_rowwise_kernel with tables and
+// 192 us without; its SASS issues the b load next to the a load, while this kernel's issues it after a's math (not
+// yet mended here). H100: 267 against 281 (compile 269). FP8 outputs stay with act_rowwise_kernel's tables (this
+// kernel computing them: H100 delayed 243 against 233 us, current 439 against 417).
 constexpr int kGatedCols = 64;  // chunks along a row per block
 constexpr int kGatedRows = 4;   // rows per block
 

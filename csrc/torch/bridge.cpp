@@ -259,7 +259,7 @@ Tensor new_empty_in_guard(c10::IntArrayRef shape, const at::TensorOptions& optio
                                             c10::typeMetaToScalarType(options.dtype()), c10::nullopt));
   }
 #endif
-  return Tensor(at::detail::empty_cpu(shape, options));
+  return new_empty(shape, options);
 }
 
 Tensor new_placeholder(const Tensor& ref, at::ScalarType dtype) {
