@@ -866,33 +866,52 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
 // ---- Gated forward ops to plain outputs: a 2-D grid ----------------------------------------------------------------
 // x [rows, 2*cols] -> y [rows, cols] in the input dtype. One chunk of 8 outputs per thread: kGatedCols threads of a
 // block along a row, kGatedRows rows per block, blockIdx.y down the rows (strided past the grid's 65535 limit). No
-// chunk -> row division, no table fill per block, the functor's computed math, full occupancy (32 registers: at 42-51
-// registers the H200 lost 10-18 %), and store8_packed keeps the output one 16-byte store per chunk.
-// swiglu bf16, x 16384x16384, H200: 194.0 us in the benchmark (torch.compile 189.3; act_rowwise_kernel with tables
-// 198.5). A probe of the same layout timed 186 us back to back, against 202 us for act_rowwise_kernel with tables and
-// 192 us without; its SASS issues the b load next to the a load, while this kernel's issues it after a's math (not
-// yet mended here). H100: 267 against 281 (compile 269). FP8 outputs stay with act_rowwise_kernel's tables (this
-// kernel computing them: H100 delayed 243 against 233 us, current 439 against 417).
+// chunk -> row division, no table fill per block, the functor's computed math, full occupancy for 16-bit inputs (32
+// registers: at 42-51 registers the H200 lost 10-18 %), and store8_packed keeps the output one 16-byte store per
+// chunk. The loads sit in a block of their own (the unrolled loop of one row and its bounds check): written as one
+// straight block with the math, ptxas issued the b load only after a's math (SASS of swiglu bf16), and the two load
+// latencies queued one behind the other.
+// swiglu bf16, x 16384x16384, H200: 191.3 us in the benchmark (torch.compile 189.5 in the same run; 194.0 with the b
+// load after a's math; act_rowwise_kernel with tables 198.5). A probe with L2 flushed between calls: this kernel 190.0,
+// 128x1 / 64x2 / 32x8 blocks 190.7-192.8, 128x2 196.9, 256x1 229.6; load hints (ld.global.nc.L1::no_allocate, .cs,
+// an L2 evict_first policy) 194-195, st.global.cs 190.9. H100 (the kernel before the loads moved): 267 against 281
+// (compile 269). FP8 outputs stay with act_rowwise_kernel's tables (this kernel computing them: H100 delayed 243
+// against 233 us, current 439 against 417).
 constexpr int kGatedCols = 64;  // chunks along a row per block
 constexpr int kGatedRows = 4;   // rows per block
 
 template <class Op, typename InT>
-__global__ void __launch_bounds__(kGatedCols * kGatedRows, 8) act_gated_rows_kernel(const ActKernelParams p) {
+__global__ void __launch_bounds__(kGatedCols * kGatedRows, sizeof(InT) == 4 ? 6 : 8)
+act_gated_rows_kernel(const ActKernelParams p) {
   static_assert(Op::kGated, "gated forward ops only");
+  constexpr int kRowsPerThread = 1;  // per step: the loop below gives the loads their own block
   if (p.noop != nullptr && *p.noop == 1.0f) return;
   const int64_t cols = p.cols;
   const int64_t c = (int64_t(blockIdx.x) * kGatedCols + threadIdx.x % kGatedCols) * kVec;
   if (c >= cols) return;
   const InT* x = static_cast<const InT*>(p.x);
   InT* y = static_cast<InT*>(p.out);
-  for (int64_t r = int64_t(blockIdx.y) * kGatedRows + threadIdx.x / kGatedCols; r < p.rows;
-       r += int64_t(gridDim.y) * kGatedRows) {
-    const InT* xr = x + r * 2 * cols + c;
-    const Vec8<InT> a = *reinterpret_cast<const Vec8<InT>*>(xr);
-    const Vec8<InT> b = *reinterpret_cast<const Vec8<InT>*>(xr + cols);
-    float out[2][kVec];
-    eval8<Op, false, false>(a, b, b, p.act, nullptr, out);
-    store8_packed(y + r * cols + c, out[0]);
+  for (int64_t r0 = int64_t(blockIdx.y) * kGatedRows + threadIdx.x / kGatedCols; r0 < p.rows;
+       r0 += int64_t(gridDim.y) * kGatedRows * kRowsPerThread) {
+    Vec8<InT> a[kRowsPerThread], b[kRowsPerThread];
+#pragma unroll
+    for (int u = 0; u < kRowsPerThread; ++u) {
+      const int64_t r = r0 + u * kGatedRows;
+      if (r < p.rows) {
+        const InT* xr = x + r * 2 * cols + c;
+        a[u] = *reinterpret_cast<const Vec8<InT>*>(xr);
+        b[u] = *reinterpret_cast<const Vec8<InT>*>(xr + cols);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kRowsPerThread; ++u) {
+      const int64_t r = r0 + u * kGatedRows;
+      if (r < p.rows) {
+        float out[2][kVec];
+        eval8<Op, false, false>(a[u], b[u], b[u], p.act, nullptr, out);
+        store8_packed(y + r * cols + c, out[0]);
+      }
+    }
   }
 }
 
