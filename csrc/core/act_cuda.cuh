@@ -874,9 +874,12 @@ act_rowwise_kernel(const ActKernelParams p, const RowwiseGeom geo) {
 // swiglu bf16, x 16384x16384, H200: 191.3 us in the benchmark (torch.compile 189.5 in the same run; 194.0 with the b
 // load after a's math; act_rowwise_kernel with tables 198.5). A probe with L2 flushed between calls: this kernel 190.0,
 // 128x1 / 64x2 / 32x8 blocks 190.7-192.8, 128x2 196.9, 256x1 229.6; load hints (ld.global.nc.L1::no_allocate, .cs,
-// an L2 evict_first policy) 194-195, st.global.cs 190.9. H100 (the kernel before the loads moved): 267 against 281
-// (compile 269). FP8 outputs stay with act_rowwise_kernel's tables (this kernel computing them: H100 delayed 243
-// against 233 us, current 439 against 417).
+// an L2 evict_first policy) 194-195, st.global.cs 190.9, 2 or 4 values per thread 211-322; with compile's kind of
+// sigmoid (__expf, __fdividef) this kernel took 188.4 against 189.9: the gap to compile is the exact math (SPEC's
+// sigmoid with our own exp and an RN reciprocal, bit-identical to the host: 256 SASS instructions per 8 outputs, 200
+// with the approximations). H100 (the kernel before the loads moved): 267 against 281 (compile 269). FP8 outputs
+// stay with act_rowwise_kernel's tables (this kernel computing them: H100 delayed 243 against 233 us, current 439
+// against 417).
 constexpr int kGatedCols = 64;  // chunks along a row per block
 constexpr int kGatedRows = 4;   // rows per block
 
