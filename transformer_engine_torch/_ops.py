@@ -28,6 +28,21 @@ def call(op, args: tuple, keep: int = -1):
     return _C.call(op, args, keep)
 
 
+def _one_device(op: str, *args) -> None:
+    """The real kernels name a tensor on another device than the input (bridge.cpp, gemm.cpp); the fake kernels run
+    where no real kernel does (meta tensors, torch.compile's tracing), so they check it too: a meta tensor among CPU
+    tensors reaches only the fake kernel, which would otherwise return uninitialised CPU memory."""
+    device = None
+    for a in args:
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, torch.Tensor):
+                if device is None:
+                    device = t.device
+                elif t.device != device:
+                    raise ValueError(f"te::{op}: all tensors must be on one device, got {device} and {t.device}; "
+                                     f"move them with .to(device)")
+
+
 def _fwd_shape(x, act):
     shape = list(x.shape)
     if act in GATED and shape:
@@ -79,16 +94,19 @@ def _act_fake(x, act, *rest):
 
 @torch.library.register_fake("te::dact")
 def _dact_fake(grad, x, act, *rest):
+    _one_device("dact", grad, x)
     return x.new_empty(x.shape)
 
 
 @torch.library.register_fake("te::act_quantize")
 def _act_quantize_fake(x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, *rest):
+    _one_device("act_quantize", x, *rest)
     return _quant_outputs(x, _fwd_shape(x, act), qkind, rowwise, columnwise, rest)
 
 
 @torch.library.register_fake("te::dact_quantize")
 def _dact_quantize_fake(grad, x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, *rest):
+    _one_device("dact_quantize", grad, x, *rest)
     return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
 
 
@@ -98,36 +116,43 @@ def _dbias(x, shape):
 
 @torch.library.register_fake("te::dbias_dact")
 def _dbias_dact_fake(grad, x, act, qkind, qdtype, rowwise, columnwise, *rest):
+    _one_device("dbias_dact", grad, x, *rest)
     return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
 
 
 @torch.library.register_fake("te::quantize")
 def _quantize_fake(x, qkind, qdtype, rowwise, columnwise, *rest):
+    _one_device("quantize", x, *rest)
     return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
 
 
 @torch.library.register_fake("te::bgrad_quantize")
 def _bgrad_quantize_fake(x, qkind, qdtype, rowwise, columnwise, *rest):
+    _one_device("bgrad_quantize", x, *rest)
     return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
 
 
 @torch.library.register_fake("te::quantize_into")
 def _quantize_into_fake(x, *rest, **buffers):
+    _one_device("quantize_into", x, *rest, *buffers.values())
     return None
 
 
 @torch.library.register_fake("te::dequantize_fp8")
 def _dequantize_fp8_fake(data, scale_inv, fp8_dtype, otype):
+    _one_device("dequantize_fp8", data, scale_inv)
     return data.new_empty(data.shape, dtype=otype)
 
 
 @torch.library.register_fake("te::compute_amax")
 def _compute_amax_fake(x, amax):
+    _one_device("compute_amax", x, amax)
     return None
 
 
 @torch.library.register_fake("te::fused_amax_and_scale_update")
 def _update_fake(amax_reduction_buffer, amax_histories, scales, amax_compute_algo, fp8_dtype, margin):
+    _one_device("fused_amax_and_scale_update", amax_reduction_buffer, amax_histories, scales)
     return None
 
 
@@ -144,9 +169,11 @@ def _fp8_transpose_fake(x):
 
 @torch.library.register_fake("te::fp8_transpose_into")
 def _fp8_transpose_into_fake(x, out):
+    _one_device("fp8_transpose_into", x, out)
     return None
 
 
 @torch.library.register_fake("te::gemm")
 def _gemm_fake(A, A_scale_inv, A_dtype, transA, B, B_scale_inv, B_dtype, transB, D, D_dtype, *rest, **kw):
+    _one_device("gemm", A, A_scale_inv, B, B_scale_inv, D, *rest, *kw.values())
     return None  # writes into D and the optional epilogue buffers only

@@ -135,16 +135,24 @@ dbias_dgelu, dbias_dsilu, dbias_drelu, dbias_dqgelu, dbias_dsrelu = (
                                    ("dbias_dqgelu", QGELU), ("dbias_dsrelu", SRELU)))
 
 
+def _clamped_args(op: str, limit, alpha, offset) -> tuple:
+    try:
+        return float(limit), float(alpha), float(offset)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: limit, alpha and glu_linear_offset must be real numbers, got limit={limit!r}, "
+                        f"alpha={alpha!r}, glu_linear_offset={offset!r}") from None
+
+
 def clamped_swiglu(input, quantizer, limit=7.0, alpha=1.702, glu_linear_offset=1.0):
     """GPT-OSS SwiGLU (SPEC §3.3): min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, ±limit) + offset)."""
     return _activation("clamped_swiglu", CLAMPED_SWIGLU, input, quantizer,
-                       (float(limit), float(alpha), float(glu_linear_offset)))
+                       _clamped_args("clamped_swiglu", limit, alpha, glu_linear_offset))
 
 
 def clamped_dswiglu(grad, fwd_input, quantizer, limit=7.0, alpha=1.702, glu_linear_offset=1.0):
     """Backward of clamped_swiglu (SPEC §3.3)."""
     return _dactivation("clamped_dswiglu", CLAMPED_SWIGLU, grad, fwd_input, quantizer,
-                        (float(limit), float(alpha), float(glu_linear_offset)))
+                        _clamped_args("clamped_dswiglu", limit, alpha, glu_linear_offset))
 
 
 __all__ = [

@@ -190,7 +190,11 @@ def dequantize(input, otype):
     """Plain tensor of DType (or torch dtype) `otype` from a quantized tensor (SPEC §4.9)."""
     if not isinstance(input, QuantizedTensor):
         raise TypeError(f"dequantize: input must be a quantized tensor, got {type(input).__name__}")
-    return input.dequantize(dtype=to_torch_dtype(otype, "dequantize: otype"))
+    dtype = to_torch_dtype(otype, "dequantize: otype")
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"dequantize: otype must be float32, float16 or bfloat16 (kFloat32, kFloat16, kBFloat16), got "
+                        f"{dtype} for {type(input).__name__}{list(input.shape)}; dequantize to a float dtype, then cast")
+    return input.dequantize(dtype=dtype)
 
 
 def bgrad_quantize(input, quantizer):

@@ -202,7 +202,9 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     transA, transB = bool(transA), bool(transB)
     layout = ("T" if transA else "N") + ("T" if transB else "N")
     check_quantizer("generic_gemm", quantizer)
-    nominal = A.dtype
+    nominal = getattr(A, "dtype", None)
+    if nominal is None:
+        raise TypeError(f"generic_gemm: A must be a torch.Tensor or a quantized tensor, got {type(A).__name__}")
     a_scaling = b_scaling = 0
     alpha_beta = None
     if beta is None:

@@ -3,6 +3,7 @@ into the plain tensors/scalars that cross into C++ (SPEC §1.4), `_wrap()` turns
 into a quantized tensor."""
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -73,7 +74,9 @@ class Quantizer:
         """(qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax, noop), passed
         positionally. Trailing fields at their schema defaults (registration.cpp: 0, 0.0, 1, None, None, None)
         are left out: each argument passed costs host time to convert (registration.cpp, python_call.cpp)."""
-        raise NotImplementedError
+        names = ", ".join(c.__name__ for c in QUANTIZER_CLASSES)
+        raise TypeError(f"{type(self).__name__} has no quantization format (the base class, or a subclass that does "
+                        f"not implement one): pass one of {names}")
 
     def _wrap(self, outs, dtype):
         """The quantized tensor of nominal `dtype` made of an op's six pieces (SPEC §1.4); its shape is read off
@@ -139,7 +142,7 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
     """Per-tensor FP8 with delayed scaling (SPEC §4.2): q = fp8(x * scale); `amax` max-accumulates in place."""
 
     def __init__(self, scale: torch.Tensor, amax: torch.Tensor, fp8_dtype, *, rowwise: bool = True,
-                 columnwise: bool = True):
+                 columnwise: bool = True, _check_scale: bool = True):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
         for name, t in (("scale", scale), ("amax", amax)):
             if not isinstance(t, torch.Tensor):
@@ -147,11 +150,14 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
                                 f"got {type(t).__name__}")
         self.scale = scale
         self.amax = amax
-        self.dtype = as_fp8_dtype(fp8_dtype)
+        self.dtype = as_fp8_dtype(fp8_dtype, "Float8Quantizer: fp8_dtype")
+        if _check_scale:
+            _check_finite_scale(scale)
 
     def _clone(self):
+        # The scale was checked when this quantizer was made: no second read (a device sync for a CUDA scale).
         return Float8Quantizer(self.scale, self.amax, self.dtype, rowwise=self.rowwise_usage,
-                               columnwise=self.columnwise_usage)
+                               columnwise=self.columnwise_usage, _check_scale=False)
 
     def _spec(self, noop=None):
         spec = (QKIND_FP8_DELAYED, int(self.dtype), self.rowwise_usage, self.columnwise_usage, 0, 0.0, 1,
@@ -169,6 +175,24 @@ class Float8Quantizer(_Float8PerTensorQuantizer):
         return super()._config() + (self.dtype, id(self.scale), id(self.amax))
 
 
+def _check_finite_scale(scale: torch.Tensor) -> None:
+    """SPEC §4.2: a delayed-scaling scale must be finite (zero and negative scales are valid: scale_inv = +Inf,
+    negated codes). A NaN or Inf scale would make every code NaN or saturated and scale_inv NaN or 0, so the
+    constructor reads it once. A CPU scale is read for free; a CUDA scale costs one device sync, so it is read only
+    in eager code outside CUDA-graph capture (torch.compile and capture skip the check; the casts never check, they
+    stay sync-free). A wrong shape or dtype is named where the scale is used (the op's check)."""
+    if torch.compiler.is_compiling() or scale.numel() != 1 or scale.device.type == "meta":
+        return
+    if scale.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    value = float(scale.detach().reshape(()).float())
+    if not math.isfinite(value):
+        raise ValueError(f"Float8Quantizer: scale must be finite, got {value} ({scale.dtype} {list(scale.shape)} on "
+                         f"{scale.device}): q = fp8(x * scale) would be all NaN or saturated codes with scale_inv "
+                         f"{1.0 / value}. Zero and negative scales are valid. Pass a finite "
+                         f"scale (e.g. torch.ones(1)), or use Float8CurrentScalingQuantizer to take it from the data")
+
+
 class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
     """Per-tensor FP8 with current scaling (SPEC §4.4): the scale comes from the amax of the tensor itself."""
 
@@ -176,7 +200,7 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
                  use_existing_amax: bool = False, with_amax_reduction: bool = False, amax_reduction_group=None,
                  force_pow_2_scales: bool = False, amax_epsilon: float = 0.0, scale=None, amax=None):
         super().__init__(rowwise=rowwise, columnwise=columnwise)
-        self.dtype = as_fp8_dtype(fp8_dtype)
+        self.dtype = as_fp8_dtype(fp8_dtype, "Float8CurrentScalingQuantizer: fp8_dtype")
         for name, v, default in (("device", device, None), ("use_existing_amax", use_existing_amax, False),
                                  ("scale", scale, None), ("amax", amax, None)):
             if v is not default:

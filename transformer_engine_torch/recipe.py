@@ -234,7 +234,10 @@ def build_quantizer(cfg: tuple, rowwise: bool, columnwise: bool, scale=None, ama
     slot's one-element `scale` and `amax` views (amax = the slot's entry in row 0 of the amax history)."""
     kind = cfg[0]
     if kind == "delayed":
-        return _quantizers.Float8Quantizer(scale, amax, cfg[1], rowwise=rowwise, columnwise=columnwise)
+        # The recipe's scales stay finite (SPEC §4.3 keeps the old scale for a non-finite amax, an Inf result becomes
+        # FLT_MAX): no per-step read of the scale, which on CUDA would be a device sync.
+        return _quantizers.Float8Quantizer(scale, amax, cfg[1], rowwise=rowwise, columnwise=columnwise,
+                                           _check_scale=False)
     if kind == "current":
         return _quantizers.Float8CurrentScalingQuantizer(cfg[1], rowwise=rowwise, columnwise=columnwise,
                                                          force_pow_2_scales=cfg[2])

@@ -56,14 +56,29 @@ struct ActGeometry {
   }
 };
 
+// The function the user called, for messages: "geglu (te::act)", "dbias_dgelu (te::dbias_dact)"; the op's own
+// name for the plain casts (quantize, bgrad_quantize, quantize_into). Only error paths call it.
+std::string op_name(const ActRequest& r) {
+  static const char* const kNames[] = {"gelu", "geglu", "glu", "silu", "swiglu", "relu",
+                                       "reglu", "qgelu", "qgeglu", "srelu", "sreglu", "clamped_swiglu"};
+  const int code = int(r.kind);
+  if (code < 0 || code >= int(sizeof(kNames) / sizeof(kNames[0]))) return r.op;
+  std::string name = kNames[code];
+  if (r.backward) {
+    name = r.kind == te::ActKind::kClampedSwiglu ? "clamped_dswiglu" : (r.with_dbias ? "dbias_d" : "d") + name;
+  }
+  return name + " (te::" + r.op + ")";
+}
+
 ActGeometry geometry(const ActRequest& r) {
   ActGeometry g;
   const bool gated = te::act_is_gated(r.kind);
   const auto sizes = r.x.sizes();
   if (gated) {
-    TORCH_CHECK_VALUE(r.x.dim() >= 1 && sizes.back() >= 2 && sizes.back() % 2 == 0, r.op,
+    TORCH_CHECK_VALUE(r.x.dim() >= 1 && sizes.back() >= 2 && sizes.back() % 2 == 0, op_name(r),
                       ": gated activations split the last dim into two halves, so it must be even and >= 2; got input ",
-                      shape_str(r.x));
+                      shape_str(r.x), " ", dtype_name(r.x.scalar_type()), " on ", r.x.device().str(),
+                      ". Pass [..., 2H]: the activated half first, the linear half second");
   }
   const int64_t k = r.x.dim() == 0 ? 1 : sizes.back();
   int64_t lead = 1;
@@ -81,14 +96,15 @@ te::DType check_request(const ActRequest& r) {
   const te::DType dt = input_dtype(r.x, r.op, "input");
   if (r.backward) {
     const Tensor& g = *r.grad;
-    TORCH_CHECK_TYPE(g.scalar_type() == r.x.scalar_type(), r.op, ": grad dtype ", dtype_name(g.scalar_type()),
+    TORCH_CHECK_TYPE(g.scalar_type() == r.x.scalar_type(), op_name(r), ": grad dtype ", dtype_name(g.scalar_type()),
                      " must match the forward input dtype ", dtype_name(r.x.scalar_type()));
-    TORCH_CHECK_VALUE(g.device() == r.x.device(), r.op, ": grad is on ", g.device().str(),
-                      " but the forward input is on ", r.x.device().str());
+    TORCH_CHECK_VALUE(g.device() == r.x.device(), op_name(r), ": grad is on ", g.device().str(),
+                      " but the forward input is on ", r.x.device().str(), "; move both to one device");
     at::DimVector expect(r.x.sizes());
     if (te::act_is_gated(r.kind) && !expect.empty()) expect.back() /= 2;
-    TORCH_CHECK_VALUE(g.sizes() == c10::IntArrayRef(expect), r.op, ": grad has shape ", shape_str(g),
-                      " but the forward output for input ", shape_str(r.x), " has shape ", shape_str(expect));
+    TORCH_CHECK_VALUE(g.sizes() == c10::IntArrayRef(expect), op_name(r), ": grad has shape ", shape_str(g),
+                      " but the forward output for input ", shape_str(r.x), " has shape ", shape_str(expect),
+                      "; pass the gradient of the forward output");
   }
   return dt;
 }
@@ -158,11 +174,11 @@ std::string mx_format_name(const QuantSpec& spec) { return spec.e4m3() ? "MXFP8 
 
 // SPEC §4.5: MXFP8 needs a tensor of rank >= 1 whose (output) last dim is a multiple of 32.
 void check_mxfp8_shape(const ActRequest& r, const ActGeometry& geo, const QuantSpec& spec) {
-  TORCH_CHECK_VALUE(r.x.dim() > 0, r.op, ": ", mx_format_name(spec), " cannot quantize a 0-d tensor (input ",
+  TORCH_CHECK_VALUE(r.x.dim() > 0, op_name(r), ": ", mx_format_name(spec), " cannot quantize a 0-d tensor (input ",
                     dtype_name(r.x.scalar_type()), " shape [] on ", arch_name(r.x),
                     "): its blocks run along the last dim; reshape to [1, 32] and pad, or use a per-tensor FP8 "
                     "quantizer");
-  TORCH_CHECK_VALUE(geo.out_cols % te::kMxBlock == 0, r.op, ": ", mx_format_name(spec),
+  TORCH_CHECK_VALUE(geo.out_cols % te::kMxBlock == 0, op_name(r), ": ", mx_format_name(spec),
                     " quantizes blocks of 32 along the last dim, so the last dim of the quantized tensor must be a "
                     "multiple of 32; got quantized shape ", shape_str(geo.out_shape), " (input ", shape_str(r.x), " ",
                     dtype_name(r.x.scalar_type()), " on ", arch_name(r.x), "). Pad the last dim to ",
@@ -265,18 +281,18 @@ std::string nv_desc(const ActRequest& r, const ActGeometry& geo) {
 // SPEC §4.6: NVFP4 needs rank >= 1, a last dim that is a multiple of 16, a flat first dim that is a multiple of 16
 // when the columnwise copy is requested, and a bf16 input for the Hadamard transform.
 void check_nvfp4_request(const ActRequest& r, const ActGeometry& geo, const QuantSpec& spec) {
-  TORCH_CHECK_VALUE(r.x.dim() > 0, r.op, ": NVFP4 cannot quantize a 0-d tensor (input ", dtype_name(r.x.scalar_type()),
-                    " shape [] on ", arch_name(r.x), "): its 1x16 blocks run along the last dim; reshape to [1, 16] "
-                    "and pad, or use a per-tensor FP8 quantizer");
-  TORCH_CHECK_VALUE(geo.out_cols % te::kNvBlock == 0, r.op, ": NVFP4 quantizes 1x16 blocks along the last dim, so the "
-                    "last dim of the quantized tensor must be a multiple of 16; got ", nv_desc(r, geo), ". Pad the last "
-                    "dim to ", std::to_string(te::roundup(geo.out_cols, te::kNvBlock)),
+  TORCH_CHECK_VALUE(r.x.dim() > 0, op_name(r), ": NVFP4 cannot quantize a 0-d tensor (input ",
+                    dtype_name(r.x.scalar_type()), " shape [] on ", arch_name(r.x), "): its 1x16 blocks run along the "
+                    "last dim; reshape to [1, 16] and pad, or use a per-tensor FP8 quantizer");
+  TORCH_CHECK_VALUE(geo.out_cols % te::kNvBlock == 0, op_name(r), ": NVFP4 quantizes 1x16 blocks along the last dim, "
+                    "so the last dim of the quantized tensor must be a multiple of 16; got ", nv_desc(r, geo),
+                    ". Pad the last dim to ", std::to_string(te::roundup(geo.out_cols, te::kNvBlock)),
                     " or use a per-tensor FP8 quantizer");
-  TORCH_CHECK_VALUE(!spec.columnwise || geo.rows % te::kNvBlock == 0, r.op, ": NVFP4 columnwise usage quantizes "
-                    "16x1 blocks down the rows, so the flattened first dim must be a multiple of 16; got M=",
+  TORCH_CHECK_VALUE(!spec.columnwise || geo.rows % te::kNvBlock == 0, op_name(r), ": NVFP4 columnwise usage "
+                    "quantizes 16x1 blocks down the rows, so the flattened first dim must be a multiple of 16; got M=",
                     std::to_string(geo.rows), " for ", nv_desc(r, geo), ". Pad the rows to ",
                     std::to_string(te::roundup(geo.rows, te::kNvBlock)), " or request rowwise usage only");
-  TORCH_CHECK_TYPE(!spec.rht() || r.x.scalar_type() == at::kBFloat16, r.op, ": NVFP4 with the random Hadamard "
+  TORCH_CHECK_TYPE(!spec.rht() || r.x.scalar_type() == at::kBFloat16, op_name(r), ": NVFP4 with the random Hadamard "
                    "transform (with_rht=True) takes bfloat16 input only; got ", dtype_name(r.x.scalar_type()), " for ",
                    nv_desc(r, geo), ". Cast the input to bfloat16 or use with_rht=False");
 }
@@ -409,7 +425,7 @@ ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* i
   if (spec.kind == te::QuantKind::kNvfp4) check_nvfp4_request(r, geo, spec);
   Tensor partial, grad_bias;
   if (r.with_dbias) {
-    TORCH_CHECK_VALUE(!te::act_is_gated(r.kind), r.op, ": dbias is defined for unary activations only");
+    TORCH_CHECK_VALUE(!te::act_is_gated(r.kind), op_name(r), ": dbias is defined for unary activations only");
     const int64_t partial_rows = mx ? te::mxfp8_dbias_blocks(geo.rows) : te::act_dbias_blocks(geo.rows, geo.cols);
     partial = new_empty_in_guard({partial_rows, geo.out_cols}, r.x.options().dtype(at::kFloat));
     grad_bias = new_empty_in_guard({geo.out_cols}, r.x.options());
@@ -449,7 +465,7 @@ ActResult activation_helper(ActRequest r, const QuantSpec& spec, QuantOutputs* i
       }
       [[fallthrough]];
     default:
-      TORCH_CHECK_NOT_IMPLEMENTED(false, r.op, ": quantizer kind ", std::to_string(int(spec.kind)),
+      TORCH_CHECK_NOT_IMPLEMENTED(false, op_name(r), ": quantizer kind ", std::to_string(int(spec.kind)),
                                   " is not known; accepted: 0 none, 1 FP8 delayed, 2 FP8 current, 3 MXFP8, 4 NVFP4, 5 FP8 block");
   }
   if (r.with_dbias) {

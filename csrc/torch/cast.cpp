@@ -22,8 +22,8 @@ bool fp8_is_e4m3(const char* op, int64_t fp8_dtype) {
 Tensor dequantize_fp8(const Tensor& data, const Tensor& scale_inv, int64_t fp8_dtype, at::ScalarType otype) {
   const char* op = "dequantize_fp8";
   const bool e4m3 = fp8_is_e4m3(op, fp8_dtype);
-  TORCH_CHECK_VALUE(data.scalar_type() == at::kByte, op, ": data must be uint8 FP8 codes, got ",
-                   dtype_name(data.scalar_type()));
+  TORCH_CHECK_TYPE(data.scalar_type() == at::kByte, op, ": data must be uint8 FP8 codes, got ",
+                   dtype_name(data.scalar_type()), " ", shape_str(data), "; pass the Float8Tensor's _data");
   check_scalar_f32(scale_inv, data, op, "scale_inv");
   Tensor out = new_empty(data.sizes(), data.options().dtype(otype));
   const te::DType odt = input_dtype(out, op, "output dtype");
@@ -48,8 +48,9 @@ std::pair<int64_t, int64_t> rows_cols(const Tensor& x) {
 
 void fp8_transpose_into(const Tensor& x, const Tensor& out) {
   const char* op = "fp8_transpose";
-  TORCH_CHECK_VALUE(x.scalar_type() == at::kByte, op, ": input must be uint8 FP8 codes, got ",
-                   dtype_name(x.scalar_type()));
+  TORCH_CHECK_TYPE(x.scalar_type() == at::kByte, op, ": input must be uint8 FP8 codes, got ",
+                   dtype_name(x.scalar_type()), " ", shape_str(x), " on ", x.device().str(),
+                   "; pass FP8 bytes (a Float8Tensor's _data, or a float8_e4m3fn / float8_e5m2 tensor)");
   const auto [rows, cols] = rows_cols(x);
   TORCH_CHECK_VALUE(out.scalar_type() == at::kByte && out.numel() == x.numel() && out.is_contiguous() &&
                         out.device() == x.device() && (out.dim() == 0 || out.size(0) == cols),
@@ -94,6 +95,10 @@ void fused_amax_and_scale_update(const c10::optional<Tensor>& reduction_buffer, 
     TORCH_CHECK_VALUE(h.scalar_type() == at::kFloat && h.dim() == 2 && h.is_contiguous(), op, ": amax_histories[", std::to_string(i),
                       "] must be a contiguous float32 [L, n] tensor, got ", dtype_name(h.scalar_type()), " ",
                       shape_str(h));
+    // Row 0 is the current step's amax: a history without rows has nowhere to keep it (and nothing to roll).
+    TORCH_CHECK_VALUE(h.size(0) >= 1, op, ": amax_histories[", std::to_string(i), "] ", shape_str(h),
+                      " has length 0; an amax history needs at least one row (row 0 holds the current amax). Use "
+                      "amax_history_len >= 1");
     const int64_t n = h.size(1);
     TORCH_CHECK_VALUE(s.scalar_type() == at::kFloat && s.numel() == n && s.is_contiguous() && s.device() == h.device(),
                       op, ": scales[", std::to_string(i), "] must be a contiguous float32 tensor of ", std::to_string(n),

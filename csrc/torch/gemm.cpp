@@ -299,7 +299,8 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
   auto check_vec = [&](const char* what, const Tensor& t, int64_t len) {
     TORCH_CHECK_VALUE(t.device() == ref.device() && t.is_contiguous() && t.dim() == 1 && t.size(0) == len, kOp, ": ",
                       what, " must be a contiguous 1-D tensor of length ", std::to_string(len), " on ",
-                      ref.device().str(), ", got ", shape_str(t), " on ", t.device().str(), " (", operands, ")");
+                      ref.device().str(), ", got ", shape_str(t), t.is_contiguous() ? "" : " (non-contiguous)", " on ",
+                      t.device().str(), " (", operands, ")");
     const at::ScalarType st = t.scalar_type();
     TORCH_CHECK_TYPE(fp8_out ? (st == at::kBFloat16 || st == at::kHalf) : st == hp_out, kOp, ": ", what, " must be ",
                      fp8_out ? "bf16 or fp16 (the output is FP8)" : dtype_name(hp_out) + " (the output dtype)",

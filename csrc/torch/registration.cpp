@@ -17,37 +17,64 @@
 // by torch.compile): row_data, row_scale_inv, col_data, col_scale_inv, amax_row, amax_col.
 #define TE_QOUT "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor"
 
+namespace {
+
+#if !defined(TE_WITH_CUDA)
+// A CPU-only build (TE_FORCE_CPU=1, or no CUDA toolkit or a CPU-only torch when it was built) has CPU kernels only.
+// Without a kernel for the CUDA key, a CUDA tensor would meet the dispatcher's "Could not run 'te::act' with
+// arguments from the 'CUDA' backend" and its list of keys; this one names the op, the cause and the fix.
+void no_cuda_kernel(const c10::OperatorHandle& op, torch::jit::Stack* /*stack*/) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, op.schema().name(), ": got a CUDA tensor, but transformer_engine_torch was built "
+                              "without CUDA (a CPU-only build: TE_FORCE_CPU=1, or no CUDA toolkit or a CPU-only torch "
+                              "at build time), so it has CPU kernels only. Rebuild it with a CUDA toolkit and a CUDA "
+                              "build of torch (TE_FORCE_CPU unset), or move the tensors to the CPU with .cpu()");
+}
+#endif
+
+// Defines an op that takes tensors; in a CPU-only build it also gets the CUDA kernel above, so every op answers a
+// CUDA tensor with that message (the op list is written once, here).
+void def_op(torch::Library& m, const char* schema, const std::vector<at::Tag>& tags = {}) {
+  m.def(schema, tags);
+#if !defined(TE_WITH_CUDA)
+  const std::string s(schema);
+  m.impl(s.substr(0, s.find('(')).c_str(),
+         torch::dispatch(c10::DispatchKey::CUDA, torch::CppFunction::makeFromBoxedFunction<&no_cuda_kernel>()));
+#endif
+}
+
+}  // namespace
+
 TORCH_LIBRARY(te, m) {
-  m.def("act(Tensor x, " TE_ACT_ARGS_DEFAULTED ") -> Tensor");
-  m.def("dact(Tensor grad, Tensor x, " TE_ACT_ARGS_DEFAULTED ") -> Tensor");
+  def_op(m, "act(Tensor x, " TE_ACT_ARGS_DEFAULTED ") -> Tensor");
+  def_op(m, "dact(Tensor grad, Tensor x, " TE_ACT_ARGS_DEFAULTED ") -> Tensor");
   // Quantizing ops may draw random bits (NVFP4 stochastic rounding) from the device's default generator.
   const std::vector<at::Tag> seeded = {at::Tag::nondeterministic_seeded};
-  m.def("act_quantize(Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> (" TE_QOUT ")", seeded);
-  m.def("dact_quantize(Tensor grad, Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> (" TE_QOUT ")", seeded);
-  m.def("dbias_dact(Tensor grad, Tensor x, int act, " TE_QSPEC ") -> (Tensor, " TE_QOUT ")", seeded);
+  def_op(m, "act_quantize(Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> (" TE_QOUT ")", seeded);
+  def_op(m, "dact_quantize(Tensor grad, Tensor x, " TE_ACT_ARGS ", " TE_QSPEC ") -> (" TE_QOUT ")", seeded);
+  def_op(m, "dbias_dact(Tensor grad, Tensor x, int act, " TE_QSPEC ") -> (Tensor, " TE_QOUT ")", seeded);
   // rng_seed >= 0 fixes NVFP4 stochastic rounding's (seed, offset) instead of drawing them (ours).
-  m.def("quantize(Tensor x, " TE_QSPEC ", int rng_seed=-1, int rng_offset=0) -> (" TE_QOUT ")", seeded);
-  m.def("quantize_into(Tensor x, " TE_QSPEC
-        ", Tensor(b!)? row_data=None, Tensor(c!)? row_scale_inv=None, Tensor(d!)? col_data=None, "
-        "Tensor(e!)? col_scale_inv=None) -> ()", seeded);
-  m.def("bgrad_quantize(Tensor x, " TE_QSPEC ") -> (Tensor, " TE_QOUT ")", seeded);
-  m.def("dequantize_fp8(Tensor data, Tensor scale_inv, int fp8_dtype, ScalarType otype) -> Tensor");
-  m.def("compute_amax(Tensor x, Tensor(a!) amax) -> ()");
-  m.def("fused_amax_and_scale_update(Tensor? amax_reduction_buffer, Tensor(a!)[] amax_histories, "
-        "Tensor(b!)[] scales, str amax_compute_algo, int fp8_dtype, float margin) -> ()");
-  m.def("fp8_transpose(Tensor x) -> Tensor");
-  m.def("fp8_transpose_into(Tensor x, Tensor(a!) out) -> ()");
+  def_op(m, "quantize(Tensor x, " TE_QSPEC ", int rng_seed=-1, int rng_offset=0) -> (" TE_QOUT ")", seeded);
+  def_op(m, "quantize_into(Tensor x, " TE_QSPEC
+            ", Tensor(b!)? row_data=None, Tensor(c!)? row_scale_inv=None, Tensor(d!)? col_data=None, "
+            "Tensor(e!)? col_scale_inv=None) -> ()", seeded);
+  def_op(m, "bgrad_quantize(Tensor x, " TE_QSPEC ") -> (Tensor, " TE_QOUT ")", seeded);
+  def_op(m, "dequantize_fp8(Tensor data, Tensor scale_inv, int fp8_dtype, ScalarType otype) -> Tensor");
+  def_op(m, "compute_amax(Tensor x, Tensor(a!) amax) -> ()");
+  def_op(m, "fused_amax_and_scale_update(Tensor? amax_reduction_buffer, Tensor(a!)[] amax_histories, "
+            "Tensor(b!)[] scales, str amax_compute_algo, int fp8_dtype, float margin) -> ()");
+  def_op(m, "fp8_transpose(Tensor x) -> Tensor");
+  def_op(m, "fp8_transpose_into(Tensor x, Tensor(a!) out) -> ()");
   // GEMM (SPEC §6): D = alpha·op(B)·op(A) + beta·D with the epilogue picked by (bias, gelu, grad) and written into
   // the caller's buffers. Operands are plain tensors or FP8 codes (uint8) with their scale_inv and DType code;
   // A_scaling/B_scaling name a quantized operand's scaling (te::GemmScaling: 1 per-tensor, 2 MXFP8, 3 NVFP4,
   // 4 FP8 block 1x128, 5 FP8 block 128x128; 0 = per-tensor when the operand is FP8). alpha_beta: device
   // [alpha, beta] replacing the scalars (NVFP4 folds its global scales into alpha on the device). The FP8-output
   // fields are the output quantizer's scale and amax and the output's scale_inv.
-  m.def("gemm(Tensor A, Tensor? A_scale_inv, int A_dtype, bool transA, Tensor B, Tensor? B_scale_inv, int B_dtype, "
-        "bool transB, Tensor(a!) D, int D_dtype, Tensor? bias=None, Tensor(b!)? bias_grad=None, "
-        "Tensor(c!)? pre_gelu_out=None, Tensor? gelu_in=None, Tensor? D_scale=None, Tensor(d!)? D_amax=None, "
-        "Tensor(e!)? D_scale_inv=None, Tensor? workspace=None, int workspace_size=0, bool gelu=False, "
-        "bool grad=False, bool use_split_accumulator=False, float alpha=1., float beta=0., int A_scaling=0, "
-        "int B_scaling=0, Tensor? alpha_beta=None) -> ()");
+  def_op(m, "gemm(Tensor A, Tensor? A_scale_inv, int A_dtype, bool transA, Tensor B, Tensor? B_scale_inv, "
+            "int B_dtype, bool transB, Tensor(a!) D, int D_dtype, Tensor? bias=None, Tensor(b!)? bias_grad=None, "
+            "Tensor(c!)? pre_gelu_out=None, Tensor? gelu_in=None, Tensor? D_scale=None, Tensor(d!)? D_amax=None, "
+            "Tensor(e!)? D_scale_inv=None, Tensor? workspace=None, int workspace_size=0, bool gelu=False, "
+            "bool grad=False, bool use_split_accumulator=False, float alpha=1., float beta=0., int A_scaling=0, "
+            "int B_scaling=0, Tensor? alpha_beta=None) -> ()");
   m.def("cublaslt_version() -> int");
 }
