@@ -1,0 +1,89 @@
+"""Writes README's "Errors" table from the case table of tests/test_bad_inputs.py: one row per case with the call,
+the exception class and the message it gives now (abridged). Runs every CPU case; the GPU cases are listed with
+the message words their test requires.
+
+    python3 tools/errors_table.py           # print the table
+    python3 tools/errors_table.py --write   # replace the table between the markers in README.md
+"""
+import os
+import re
+import sys
+import inspect
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+
+import test_bad_inputs as tb  # noqa: E402
+from helpers import tex_module  # noqa: E402
+
+BEGIN, END = "<!-- errors-table: begin -->", "<!-- errors-table: end -->"
+MAX_MSG = 230
+
+
+def call_text(fn) -> str:
+    """The body of `lambda t: ...` as written in the test file, `t.` shown as `tex.`."""
+    src = inspect.getsource(fn)
+    start = src.index("lambda t:") + len("lambda t:")
+    depth, i, quote = 0, start, None
+    while i < len(src):
+        c = src[i]
+        if quote:
+            if c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            if depth == 0:
+                break
+            depth -= 1
+        elif c == "," and depth == 0:
+            break
+        i += 1
+    body = " ".join(src[start:i].split())
+    body = re.sub(r"\(t, ", "(", body).replace("(t)", "()")
+    return re.sub(r"\bt\.", "tex.", body)
+
+
+def message(case) -> str:
+    try:
+        case.call(tex_module())
+    except Exception as e:  # noqa: BLE001
+        msg = " ".join(str(e).split())
+        return msg if len(msg) <= MAX_MSG else msg[:MAX_MSG - 1] + "…"
+    raise AssertionError(f"{case.id} did not raise")
+
+
+def cell(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def table() -> str:
+    rows = ["| case | call | exception | rule | message (abridged) |", "|---|---|---|---|---|"]
+    for c in tb.CASES:
+        rows.append(f"| `{c.id}` | `{cell(call_text(c.call))}` | {c.exc.__name__} | {c.rule} | "
+                    f"{cell(message(c))} |")
+    for c in tb.CUDA_CASES:
+        words = "; ".join(f"“{w}”" for w in c.words)
+        rows.append(f"| `{c.id}` (cuda) | `{cell(call_text(c.call))}` | {c.exc.__name__} | {c.rule} | "
+                    f"names {cell(words)} |")
+    return "\n".join(rows)
+
+
+def main():
+    text = table()
+    if "--write" not in sys.argv:
+        print(text)
+        return
+    path = os.path.join(ROOT, "README.md")
+    readme = open(path).read()
+    head, rest = readme.split(BEGIN)
+    _, tail = rest.split(END)
+    with open(path, "w") as f:
+        f.write(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    main()
