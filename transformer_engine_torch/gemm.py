@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from . import _device
 from ._ops import call
 from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
 from .quantizers import Float8Quantizer, Quantizer, check_quantizer
@@ -88,19 +89,6 @@ def _emulated_operands(copies):
             y._rowwise_data = None
         out.append(y.dequantize(torch.float32 if x.device.type == "cpu" else torch.bfloat16))
     return out
-
-
-@torch.compiler.assume_constant_result
-def _native_formats(device_index: int) -> frozenset:
-    """Block formats with a native cuBLASLt GEMM on this device (SPEC §6.6): FP8 blocks on sm_90 (cuBLASLt >= 12.9),
-    MXFP8 and NVFP4 on sm_100/sm_110 (cuBLASLt >= 12.8); the others are emulated (SPEC §6.7)."""
-    major, minor = torch.cuda.get_device_capability(device_index)
-    version = int(torch.ops.te.cublaslt_version.default())
-    if (major, minor) == (9, 0) and version >= 120900:
-        return frozenset({"Float8BlockwiseQTensor"})
-    if major in (10, 11) and version >= 120800:
-        return frozenset({"MXFP8Tensor", "NVFP4Tensor"})
-    return frozenset()
 
 
 _SCALING = {"Float8BlockwiseQTensor": 4, "MXFP8Tensor": 2, "NVFP4Tensor": 3}  # te::GemmScaling codes
@@ -210,8 +198,8 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     if type(A).__name__ in _EMULATED or type(B).__name__ in _EMULATED:
         copies = _block_copies(A, transA, B, transB, layout)
         kind = type(A).__name__
-        native = isinstance(A, _BLOCK_CLASSES) and A.device.type == "cuda" and kind in _native_formats(
-            A.device.index if A.device.index is not None else torch.cuda.current_device())
+        native = isinstance(A, _BLOCK_CLASSES) and A.device.type == "cuda" and kind in _device.native_gemm_formats(
+            _device.cuda_index(A.device))
         if native and kind == "NVFP4Tensor":  # cuBLASLt's NVFP4 GEMM writes bf16 or fp32 only
             native = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype") in (torch.bfloat16, torch.float32)
         if native:
@@ -437,7 +425,7 @@ def general_grouped_gemm(A, B, out, quantization_params, out_dtype, layout="TN",
 
 def get_cublasLt_version() -> int:
     """cuBLASLt version of the loaded library (0 in a CPU-only build)."""
-    return int(torch.ops.te.cublaslt_version.default())
+    return _device.cublaslt_version()
 
 
 def get_num_cublas_streams() -> int:
