@@ -16,7 +16,7 @@ from ._ops import call
 from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
 from .quantizers import Float8Quantizer, Quantizer, check_quantizer
 from .tensors import (Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor, QuantizedTensor,
-                      _transposed_shape, swizzle_mx_scales, swizzle_nvfp4_scales)
+                      _transposed_shape, nvfp4_global_decode, swizzle_mx_scales, swizzle_nvfp4_scales)
 
 _GEMM = torch.ops.te.gemm.default
 _PLAIN_CODES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),
@@ -96,6 +96,27 @@ _BLOCK_CLASSES = (Float8BlockwiseQTensor, MXFP8Tensor, NVFP4Tensor)
 _NVFP4_GLOBAL = 1.0 / (6.0 * 6.0 * 448.0 * 448.0)
 
 
+def nvfp4_gemm_alpha(amax_a, amax_b, alpha):
+    """The native NVFP4 GEMM's device alpha' (float32 [1]): the operands' global decode scales folded into alpha
+    (SPEC §6.7). TE's fl(fl(amax_A * amax_B) * fl(alpha / (6 * 6 * 448 * 448))) wherever it is finite and both amaxes
+    stand for the quantizers' S_dec (finite, and 2688 / amax did not overflow; amax 0 gives alpha' 0 as in TE).
+    Elsewhere alpha * g_A * g_B in float64, rounded once, with g = amax / 2688 for such an operand and g = S_dec
+    (the quantizer's, `nvfp4_global_decode`: 1 for amax Inf) for the others; so amaxes whose FP32 product overflows
+    (both above about 1.8e19) give the finite alpha' the dequantized operands imply, and an Inf amax no longer makes
+    every output Inf. Blocks whose element multiplier the quantizer clamped (amax below about 4e-33, see
+    `nvfp4_decode_factors`) cannot be expressed through one alpha; the emulated GEMM, which dequantizes, has them."""
+    te = (amax_a.float() * amax_b.float()).reshape(1) * (float(alpha) * _NVFP4_GLOBAL)
+    keep = torch.isfinite(te)
+    g = []
+    for amax in (amax_a, amax_b):
+        a = amax.float().reshape(1)
+        s_dec, regular = nvfp4_global_decode(a)
+        keep = keep & (regular | (a == 0))
+        g.append(torch.where(regular, a.double() / 2688.0, s_dec.double()))
+    safe = (g[0] * g[1] * float(alpha)).float()
+    return torch.where(keep, te, safe)
+
+
 def _native_operands(copies, transA, transB, alpha, beta):
     """The native block GEMM's operands (SPEC §6.4, §6.6): for each of A and B the stored copy as a 2-D matrix
     (rows, K or K-major as the layout says), its scales (float32 FP8-block matrices; GEMM-swizzled E8M0 / E4M3 bytes,
@@ -130,7 +151,7 @@ def _native_operands(copies, transA, transB, alpha, beta):
         out.append((data, sinv, code, trans, scaling))
     alpha_beta = None
     if amaxes:
-        a_prime = (amaxes[0].float() * amaxes[1].float()).reshape(1) * (float(alpha) * _NVFP4_GLOBAL)
+        a_prime = nvfp4_gemm_alpha(amaxes[0], amaxes[1], alpha)
         alpha_beta = torch.cat([a_prime, a_prime.new_full((1,), float(beta))])
     return out[0], out[1], alpha_beta
 
