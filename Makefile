@@ -1,7 +1,7 @@
 # Quick start: `make demo` (installs torch + builds the package + runs the demo), then `make test`.
 PYTHON ?= python3
 
-.PHONY: install demo test gpu-check bench clean
+.PHONY: install demo test gpu-check bench bench-smoke clean
 
 install:
 	$(PYTHON) -m pip install -q -r requirements.txt
@@ -19,9 +19,15 @@ test:
 gpu-check:
 	bash tools/gpu_check.sh
 
+# The three benchmarks (validated first, then timed); each writes benchmarks/results/<gpu>/<bench>.json, .md and
+# PNG plots. QUICK=1: a short run (--quick). All three run even if one fails; the exit status says whether any did.
+BENCH_ARGS ?= $(if $(QUICK),--quick,)
 bench:
-	$(PYTHON) benchmarks/bench_activations.py
-	$(PYTHON) benchmarks/bench_mlp.py
+	@rc=0; for b in activations gemm mlp; do $(PYTHON) benchmarks/bench_$$b.py $(BENCH_ARGS) || rc=1; done; exit $$rc
+
+# Without a GPU: tiny shapes on the CPU through the same code (validation, JSON, plots); results/cpu/ is ignored.
+bench-smoke:
+	$(MAKE) bench BENCH_ARGS=--cpu-smoke
 
 clean:
 	rm -rf build transformer_engine_torch/_C*.so *.egg-info

@@ -1,40 +1,40 @@
-"""MLP forward+backward step time (issue 5): bf16 nn.Linear + activation eager, the same under torch.compile, and
-tex.MLP under each FP8 recipe. MLP(hidden 4096, ffn 16384), gelu and swiglu, tokens 8192 and 16384, bf16.
+#!/usr/bin/env python3
+"""MLP forward+backward step time and peak memory (issue 5; issue 19 item 6): bf16 nn.Linear + activation eager
+(baselines.TorchMLP), the same under torch.compile, tex.MLP under each recipe (FP8 delayed, FP8 current, FP8 block,
+MXFP8, NVFP4) and, when torchao imports, torchao's float8 training on the same module under torch.compile.
+MLP(hidden 4096, ffn 16384), gelu and swiglu, tokens 8192 and 16384, bf16.
 
-Validates first (each variant's output against the bf16 eager one within the SPEC §9 bf16 layer tolerance, after
-copying the weights), then times the median of `--iters` steps (CUDA events). Targets (issue 5): FP8 current
-scaling >= 1.4x faster than bf16 eager and faster than bf16 torch.compile.
+Per configuration each variant gets a module of its own (weights copied from one bf16 reference), then:
+  1. validation: its output after three steps (delayed scaling starts from scale 1 with an empty history) against
+     bf16 eager, max |out - eager| over max |eager| within 0.1 (0.5 for NVFP4, whose E2M1 operands are coarser);
+  2. step time: median of `--iters` steps (CUDA events around each, synchronised);
+  3. peak memory: torch.cuda.max_memory_allocated over the variant's whole life (module built, validated, timed)
+     minus what was allocated before it (the shared input, output gradient and reference weights): its weights,
+     their gradients, saved activations, quantized copies and workspaces.
+Targets (issue 5): FP8 current scaling >= 1.4x faster than bf16 eager and faster than bf16 torch.compile.
+Report: benchmarks/results/<gpu>/mlp.json, .md and mlp.png (benchmarks/_harness.py).
 
-    python3 benchmarks/bench_mlp.py [--quick] [--tokens 8192 16384] [--acts gelu swiglu]
+    python3 benchmarks/bench_mlp.py [--quick] [--tokens 8192 16384] [--acts gelu swiglu] [--cpu-smoke]
 """
 import argparse
+import copy
+import gc
+import os
 import statistics
+import sys
+import time
 
 import torch
-import torch.nn.functional as F
 
-import transformer_engine_torch as tex
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness as H  # noqa: E402
+from baselines import TorchMLP  # noqa: E402
 
-
-class TorchMLP(torch.nn.Module):
-    def __init__(self, hidden, ffn, act, dtype, device):
-        super().__init__()
-        gated = act == "swiglu"
-        self.act = act
-        self.fc1 = torch.nn.Linear(hidden, ffn * (2 if gated else 1), dtype=dtype, device=device)
-        self.fc2 = torch.nn.Linear(ffn, hidden, dtype=dtype, device=device)
-
-    def forward(self, x):
-        h = self.fc1(x)
-        if self.act == "swiglu":
-            a, b = h.chunk(2, dim=-1)
-            h = F.silu(a) * b
-        else:
-            h = F.gelu(h, approximate="tanh")
-        return self.fc2(h)
+EMULATED = "*"  # marks MXFP8 / NVFP4 on devices without their native GEMM (sm_90): dequantized to bf16, then a bf16
+#                GEMM (SPEC 6.7): correct, not fast
 
 
-def copy_weights(src: TorchMLP, dst: "tex.MLP"):
+def copy_weights(src, dst):
     with torch.no_grad():
         dst.fc1_weight.copy_(src.fc1.weight)
         dst.fc1_bias.copy_(src.fc1.bias)
@@ -42,10 +42,11 @@ def copy_weights(src: TorchMLP, dst: "tex.MLP"):
         dst.fc2_bias.copy_(src.fc2.bias)
 
 
-def step_fn(module, x, dy, recipe=None):
+def step_fn(tex, module, x, dy, recipe=None):
     def step():
         for p in module.parameters():
             p.grad = None
+        x.grad = None
         with tex.autocast(enabled=recipe is not None, recipe=recipe):
             y = module(x)
         y.backward(dy)
@@ -53,85 +54,236 @@ def step_fn(module, x, dy, recipe=None):
     return step
 
 
-def time_ms(fn, iters, warmup=3):
+def time_ms(fn, iters, device, warmup=3):
+    """Median step time: CUDA events around each step, synchronised (perf_counter on the CPU)."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    H.synchronize(device)
     times = []
     for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
+        if device == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
     return statistics.median(times)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--quick", action="store_true", help="tokens 8192 only, fewer iterations")
+def variant_builders(tex, ref, act, args, device):
+    """{name: build() -> (module, recipe or None)}, each building a fresh module with ref's weights."""
+    def torch_eager():
+        return copy.deepcopy(ref), None
+
+    def torch_compiled():
+        torch._dynamo.reset()  # fresh cache per configuration: no recompile limits, no dynamic shapes
+        return torch.compile(copy.deepcopy(ref), dynamic=False), None
+
+    def tex_mlp(recipe):
+        def build():
+            m = tex.MLP(args.hidden, args.ffn, activation=act, params_dtype=torch.bfloat16, device=device)
+            copy_weights(ref, m)
+            return m, recipe
+        return build
+
+    def torchao_float8():
+        from torchao.float8 import convert_to_float8_training
+
+        torch._dynamo.reset()
+        m = copy.deepcopy(ref)
+        convert_to_float8_training(m)
+        return torch.compile(m, dynamic=False), None
+
+    builders = {"bf16 eager": torch_eager}
+    if args.no_compile:
+        builders["bf16 torch.compile"] = None  # listed, not run
+    else:
+        builders["bf16 torch.compile"] = torch_compiled
+    builders["tex fp8 delayed"] = tex_mlp(tex.DelayedScaling())
+    builders["tex fp8 current"] = tex_mlp(tex.Float8CurrentScaling())
+    builders["tex fp8 block"] = tex_mlp(tex.Float8BlockScaling())
+    native = set()
+    if device == "cuda":
+        from transformer_engine_torch.gemm import _native_formats
+
+        native = _native_formats(torch.cuda.current_device())
+    builders["tex mxfp8" + ("" if "MXFP8Tensor" in native else EMULATED)] = tex_mlp(tex.MXFP8BlockScaling())
+    builders["tex nvfp4" + ("" if "NVFP4Tensor" in native else EMULATED)] = tex_mlp(tex.NVFP4BlockScaling())
+    try:
+        import torchao  # noqa: F401
+
+        builders["torchao float8 (compile)"] = torchao_float8
+    except Exception:
+        pass  # not installed (the GPU machine has none): no row
+    return builders
+
+
+def run_config(tex, act, tokens, args, device):
+    """Rows of one (activation, tokens) configuration."""
+    torch.manual_seed(0)
+    ref = TorchMLP(args.hidden, args.ffn, act, torch.bfloat16, device)
+    x = (torch.randn(tokens, args.hidden, device=device, dtype=torch.bfloat16) * 0.5).requires_grad_()
+    dy = torch.randn(tokens, args.hidden, device=device, dtype=torch.bfloat16) * 1e-2
+    base_out = step_fn(tex, ref, x, dy)().detach().float()
+    ref.zero_grad(set_to_none=True)  # nothing of the reference's step stays in the variants' memory windows
+    x.grad = None
+    scale = base_out.abs().max().item()
+    rows = []
+    for name, build in variant_builders(tex, ref, act, args, device).items():
+        row = {"act": act, "tokens": tokens, "variant": name, "ms": None, "vs_eager": None, "vs_compile": None,
+               "peak_mb": None, "peak_vs_eager": None, "max_err": None, "valid": False, "note": ""}
+        rows.append(row)
+        if build is None:
+            row.update(valid=True, note="skipped (--no-compile)")
+            continue
+        base = H.cuda_memory_reset(device)
+        module = step = None
+        try:
+            module, recipe = build()
+            step = step_fn(tex, module, x, dy, recipe)
+            for _ in range(3):  # validate after three steps
+                out = step().detach().float()
+            row["max_err"] = (out - base_out).abs().max().item() / max(scale, 1e-6)
+            del out
+            bound = 0.5 if name.startswith("tex nvfp4") else 0.1
+            row["valid"] = row["max_err"] <= bound
+            if not row["valid"]:
+                row["note"] = f"disagrees with bf16 eager: max error {row['max_err']:.3f} of the output's max"
+                H.log(f"FAIL  {act} {tokens} {name}: {row['note']}")
+            else:
+                row["ms"] = time_ms(step, args.iters, device)
+                peak = H.cuda_memory_peak(device, base)
+                row["peak_mb"] = None if peak is None else peak / 1e6
+                H.log(f"ok    {act} {tokens} {name}: {row['ms']:.2f} ms"
+                      + ("" if peak is None else f", peak {row['peak_mb']:.0f} MB") + f", max err {row['max_err']:.4f}")
+        except Exception as e:
+            row["valid"] = False
+            row["note"] = f"raised {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            H.log(f"FAIL  {act} {tokens} {name}: {row['note']}")
+        del module, step
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    by = {r["variant"]: r for r in rows}
+    eager, compiled = by["bf16 eager"], by["bf16 torch.compile"]
+    for r in rows:
+        if r["ms"] is not None:
+            r["vs_eager"] = eager["ms"] / r["ms"] if eager["ms"] else None
+            r["vs_compile"] = compiled["ms"] / r["ms"] if compiled["ms"] else None
+        if r["peak_mb"] is not None and eager["peak_mb"]:
+            r["peak_vs_eager"] = r["peak_mb"] / eager["peak_mb"]
+    del ref, x, dy, base_out
+    return rows
+
+
+COLUMNS = [
+    ("act", "act", "{}"),
+    ("tokens", "tokens", "{}"),
+    ("variant", "variant", "{}"),
+    ("step ms", "ms", "{:.2f}"),
+    ("vs eager", "vs_eager", "{:.2f}x"),
+    ("vs compile", "vs_compile", "{:.2f}x"),
+    ("peak MB", "peak_mb", "{:.0f}"),
+    ("peak / eager", "peak_vs_eager", "{:.2f}"),
+    ("max err", "max_err", "{:.4f}"),
+]
+
+
+def evaluate_targets(report):
+    for r in report.rows:
+        if r["variant"] == "tex fp8 current":
+            cfg = f"{r['act']} {r['tokens']}"
+            report.at_least(f"{cfg}: fp8 current >= 1.4x bf16 eager", r["vs_eager"], 1.4, "{:.2f}x", ">= 1.4x")
+            report.at_least(f"{cfg}: fp8 current faster than bf16 torch.compile", r["vs_compile"], 1.0 + 1e-9,
+                            "{:.2f}x", "> 1x")
+
+
+def queue_plot(report):
+    rows = report.rows
+    configs = list(dict.fromkeys(f"{r['act']}, {r['tokens']} tokens" for r in rows))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+
+    def series(key, unit=1.0):
+        by = {(f"{r['act']}, {r['tokens']} tokens", r["variant"]): r for r in rows}
+        return {v: [by[(c, v)][key] / unit if (c, v) in by and by[(c, v)][key] is not None else None
+                    for c in configs] for v in variants}
+
+    def draw(fig):
+        for i, (key, unit, label) in enumerate((("ms", 1.0, "step time, ms (median)"),
+                                                ("peak_mb", 1e3, "peak memory, GB (torch.cuda.max_memory_allocated "
+                                                                 "above the shared inputs)"))):
+            ax = fig.add_subplot(1, 2, i + 1)
+            H.grouped_bars(ax, configs, series(key, unit))
+            ax.set_ylabel(label, fontsize=8)
+            ax.grid(axis="y", alpha=0.3)
+            if i == 0:
+                ax.legend(fontsize=7)
+        fig.suptitle(f"MLP({report.meta['hidden']}, {report.meta['ffn']}) forward + backward, bf16 activations; "
+                     f"{EMULATED} = GEMMs emulated (no native kernel on this device)", fontsize=10)
+
+    if rows:
+        report.plot("mlp", draw, figsize=(15, 5.5))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="tokens 8192 only, 10 iterations")
     p.add_argument("--tokens", type=int, nargs="+", default=[8192, 16384])
     p.add_argument("--acts", nargs="+", default=["gelu", "swiglu"])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--ffn", type=int, default=16384)
-    args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("bench_mlp: needs a CUDA GPU")
-        return
+    p.add_argument("--no-compile", action="store_true", help="skip the bf16 torch.compile variant")
+    H.add_output_args(p)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    t_start = time.perf_counter()
+    device, tex = H.start(args, "bench_mlp")
+    if tex is None:
+        return 2
+    full = args.acts == ["gelu", "swiglu"] and (args.quick or args.tokens == [8192, 16384])
     if args.quick:
         args.tokens, args.iters = [8192], 10
-    dev, bf16 = "cuda", torch.bfloat16
-    recipes = {"fp8 delayed": tex.DelayedScaling(), "fp8 current": tex.Float8CurrentScaling(),
-               "fp8 block": tex.Float8BlockScaling(),
-               "mxfp8 (emulated on sm_90)": tex.MXFP8BlockScaling(),
-               "nvfp4 (emulated on sm_90)": tex.NVFP4BlockScaling()}
-    # validation bound: max |out - bf16 eager| over max |bf16 eager|; E2M1 operands are coarser than FP8 ones
-    # (E2M1 operands: about 1/6 relative error per element in both GEMMs, more after swiglu's product; a wrong layout
-    # or scale gives errors of the output's own size)
-    bound = {"tex nvfp4 (emulated on sm_90)": 0.5}
-    rows = []
+    if args.cpu_smoke:  # tiny shapes; Inductor's CPU compile is minutes on a small host
+        args.tokens, args.iters, args.hidden, args.ffn, args.no_compile = [64], 2, 256, 512, True
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke run)"
+    report = H.Report("mlp", {"device": name, "hidden": args.hidden, "ffn": args.ffn, "tokens": args.tokens,
+                              "acts": args.acts, "iters": args.iters, "quick": args.quick,
+                              "cpu_smoke": args.cpu_smoke})
+    H.log(f"device {name}, torch {torch.__version__}, MLP({args.hidden}, {args.ffn}), tokens {args.tokens}")
     for act in args.acts:
         for tokens in args.tokens:
-            torch.manual_seed(0)
-            ref = TorchMLP(args.hidden, args.ffn, act, bf16, dev)
-            ours = tex.MLP(args.hidden, args.ffn, activation=act, params_dtype=bf16, device=dev)
-            copy_weights(ref, ours)
-            x = torch.randn(tokens, args.hidden, device=dev, dtype=bf16, requires_grad=True) * 0.5
-            x = x.detach().requires_grad_()
-            dy = torch.randn(tokens, args.hidden, device=dev, dtype=bf16) * 1e-2
-            variants = {"bf16 eager": step_fn(ref, x, dy),
-                        "bf16 torch.compile": step_fn(torch.compile(ref), x, dy)}
-            for name, r in recipes.items():
-                variants[f"tex {name}"] = step_fn(ours, x, dy, r)
-            base_out = variants["bf16 eager"]().detach().float()
-            scale = base_out.abs().max().item()
-            for name, fn in variants.items():  # validate before timing
-                # delayed scaling starts from scale 1 with an empty amax history: validate after a few steps
-                for _ in range(3):
-                    out = fn().detach().float()
-                err = (out - base_out).abs().max().item() / max(scale, 1e-6)
-                if err > bound.get(name, 0.1):
-                    raise SystemExit(f"bench_mlp: {name} ({act}, {tokens} tokens) disagrees with bf16 eager: "
-                                     f"max error {err:.3f} of the output's max")
-            times = {name: time_ms(fn, args.iters) for name, fn in variants.items()}
-            rows.append((act, tokens, times))
-            del variants, ref, ours, x, dy
-            torch.cuda.empty_cache()
-    print(f"\nMLP({args.hidden}, {args.ffn}) forward+backward, bf16 activations, {torch.cuda.get_device_name()}")
-    print(f"{'act':7s} {'tokens':>6s}  {'variant':28s} {'ms':>8s} {'vs eager':>9s} {'vs compile':>11s}")
-    verdicts = []
-    for act, tokens, times in rows:
-        e, c = times["bf16 eager"], times["bf16 torch.compile"]
-        for name, t in times.items():
-            print(f"{act:7s} {tokens:6d}  {name:28s} {t:8.2f} {e / t:8.2f}x {c / t:10.2f}x")
-        cur = times["tex fp8 current"]
-        verdicts.append(f"{act} {tokens}: fp8 current {e / cur:.2f}x eager (target >= 1.4: "
-                        f"{'MET' if e / cur >= 1.4 else 'NOT MET'}), {c / cur:.2f}x compile (target > 1: "
-                        f"{'MET' if c / cur > 1 else 'NOT MET'})")
-    print("\n" + "\n".join(verdicts))
+            report.rows += run_config(tex, act, tokens, args, device)
+
+    report.emit()
+    report.emit(f"MLP({args.hidden}, {args.ffn}) forward+backward, bf16 activations, {name}; step ms = median of "
+                f"{args.iters} steps; peak MB = torch.cuda.max_memory_allocated over the variant's life above the "
+                f"shared inputs (its weights, gradients, saved activations, quantized copies, workspaces); "
+                f"{EMULATED} = GEMMs emulated (no native kernel for the format on this device)")
+    report.table(COLUMNS, invalid_keep=3)
+    evaluate_targets(report)
+    report.print_targets("Targets (issue 5):")
+    failed = [r for r in report.rows if not r["valid"]]
+    for r in report.rows:
+        if r["note"]:
+            report.emit(f"{'note' if r['valid'] else 'FAILED'}: {r['act']} {r['tokens']} {r['variant']}: {r['note']}")
+    report.emit(f"\nSummary: {len(report.rows) - len(failed)}/{len(report.rows)} rows validated; run took "
+                f"{time.perf_counter() - t_start:.0f} s")
+    if args.cpu_smoke:
+        report.emit("(cpu smoke run: tiny shapes on the CPU; validation is real, the times measure nothing)")
+    queue_plot(report)
+    report.save(H.out_dir_of(args, partial=not full and not args.cpu_smoke), json_path=args.json)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -986,9 +986,44 @@ def quantize_nvfp4_ref(x, rowwise=True, columnwise=True, two_d=False, rht=False,
     return out
 
 
-def dequantize_nvfp4_ref(packed, scale, amax, otype=F32):
-    """x = fl(e2m1 * fl(fl(float(sf) * amax) * fl(1/2688))) on one copy [R, C/2] (SPEC §4.6), rounded once."""
+NV_INV_FLT_MAX = torch.tensor(1.0, dtype=F32) / torch.tensor(FLT_MAX, dtype=F32)   # fl(1/FLT_MAX) = 2^-128
+
+
+def nv_decode_factors_ref(sf, amax, formula="ours"):
+    """Per-block FP32 decode factor D of one NVFP4 copy (dequantized x = fl(e2m1 * D)); sf: float32 block scales
+    (decoded E4M3), amax: the copy's global amax.
+    formula="te": TE's D = fl(fl(sf * amax) * fl(1/2688)) (SPEC §4.6), which overflows once sf * amax does (amax
+    above FLT_MAX/448, about 7.6e35) and is Inf/NaN for every block when amax is Inf.
+    formula="ours" (the rule NVFP4Tensor.dequantize follows): D = the TE value where the quantizer's scales are
+    the ones TE's formula assumes and that value is finite -- amax finite and > 0, fl(2688 / amax) finite (S_enc
+    not clamped to FLT_MAX), the block's element multiplier enc = min(fl(1 / fl(sf * S_dec)), FLT_MAX) not clamped
+    -- and the reciprocal of the multiplier the quantizer applied everywhere else, case by case:
+      sf = 0 (a block of zeros / NaNs)                 -> D = 0 (the codes are 0 or NaN's 0x7)
+      enc clamped to FLT_MAX                           -> D = fl(1 / enc) = fl(1/FLT_MAX) = 2^-128
+      otherwise                                        -> D = fl(sf * S_dec), S_dec = fl(1 / S_enc) of the quantizer
+    (amax 0 or Inf: S_enc = 1, so D = sf)."""
+    sf = sf.to(F32)
+    amax = torch.as_tensor(amax, dtype=F32).reshape(())
+    te = (sf * amax) * NV_INV2688                                  # two fp32 multiplies
+    if formula == "te":
+        return te
+    assert formula == "ours", formula
+    s_enc = nv_global_scale(amax)
+    s_dec = torch.tensor(1.0, dtype=F32) / s_enc
+    y = sf * s_dec                                                 # fl(sf * S_dec)
+    enc = torch.clamp(torch.tensor(1.0, dtype=F32) / y, max=FLT_MAX)   # the quantizer's multiplier (as in _nv_copy)
+    enc_clamped = enc == FLT_MAX
+    global_ok = bool(torch.isfinite(amax)) and float(amax) > 0 and \
+        bool(torch.isfinite(torch.tensor(2688.0, dtype=F32) / amax))
+    recip = torch.where(sf == 0, torch.zeros_like(y), torch.where(enc_clamped, NV_INV_FLT_MAX.expand_as(y), y))
+    keep_te = torch.isfinite(te) & ~enc_clamped & global_ok
+    return torch.where(keep_te, te, recip)
+
+
+def dequantize_nvfp4_ref(packed, scale, amax, otype=F32, formula="ours"):
+    """x = fl(e2m1 * D) on one copy [R, C/2], rounded once to otype; D per block from `nv_decode_factors_ref`
+    (formula "te": TE's fl(fl(float(sf) * amax) * fl(1/2688)) of SPEC §4.6 everywhere)."""
     R, C = packed.shape[0], packed.shape[1] * 2
     sf = fp8_decode(scale[:R, :C // NV_BLOCK].contiguous(), "e4m3")
-    f = ((sf * amax.reshape(1, 1).to(F32)) * NV_INV2688).repeat_interleave(NV_BLOCK, 1)
+    f = nv_decode_factors_ref(sf, amax, formula).repeat_interleave(NV_BLOCK, 1)
     return (e2m1_decode(nv_unpack(packed)) * f).to(otype)

@@ -602,9 +602,10 @@ def test_fp8_block_operands(tex, device, layout, dims):
 
 
 def _native_block_available(tex):
-    from transformer_engine_torch import gemm as G
+    from transformer_engine_torch import _device
 
-    return torch.cuda.is_available() and "Float8BlockwiseQTensor" in G._native_formats(torch.cuda.current_device())
+    return torch.cuda.is_available() and "Float8BlockwiseQTensor" in _device.native_gemm_formats(
+        torch.cuda.current_device())
 
 
 def _exact_block_product(A, B, layout):

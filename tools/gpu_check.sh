@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build (one arch, timed), GPU test suite and benchmark in one go on the GPU machine. Logs go to $OUT (or
 # ./gpu_out). Usage: tools/gpu_check.sh [build|test|bench]... (default: all three).
+# All three benchmarks with their plotted reports: tools/gpu_bench.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}

@@ -23,7 +23,7 @@ from . import jit  # noqa: F401  (transformer_engine_torch.jit, SPEC §7)
 from .recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,
                      NVFP4BlockScaling, Recipe, autocast, fp8_autocast)
 from . import modules  # noqa: F401
-from .modules import MLP, Linear
+from .modules import MLP, Linear, init_fp8_state
 
 __version__ = "0.1.0"
 
@@ -31,4 +31,4 @@ __all__ = ["DType", "FP8FwdTensors", "FP8BwdTensors", "Quantizer", "Float8Quanti
            "Float8CurrentScalingQuantizer", "MXFP8Quantizer", "NVFP4Quantizer", "Float8BlockQuantizer",
            "QuantizedTensor", "Float8Tensor", "MXFP8Tensor", "NVFP4Tensor", "Float8BlockwiseQTensor", "Format",
            "Recipe", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling",
-           "Float8BlockScaling", "autocast", "fp8_autocast", "Linear", "MLP"] + _act_all + _cast_all + _gemm_all
+           "Float8BlockScaling", "autocast", "fp8_autocast", "Linear", "MLP", "init_fp8_state"] + _act_all + _cast_all + _gemm_all

@@ -11,11 +11,12 @@ import math
 
 import torch
 
+from . import _device
 from ._ops import call
 from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
 from .quantizers import Float8Quantizer, Quantizer, check_quantizer
 from .tensors import (Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor, QuantizedTensor,
-                      _transposed_shape, swizzle_mx_scales, swizzle_nvfp4_scales)
+                      _transposed_shape, nvfp4_global_decode, swizzle_mx_scales, swizzle_nvfp4_scales)
 
 _GEMM = torch.ops.te.gemm.default
 _PLAIN_CODES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),
@@ -90,22 +91,30 @@ def _emulated_operands(copies):
     return out
 
 
-@torch.compiler.assume_constant_result
-def _native_formats(device_index: int) -> frozenset:
-    """Block formats with a native cuBLASLt GEMM on this device (SPEC §6.6): FP8 blocks on sm_90 (cuBLASLt >= 12.9),
-    MXFP8 and NVFP4 on sm_100/sm_110 (cuBLASLt >= 12.8); the others are emulated (SPEC §6.7)."""
-    major, minor = torch.cuda.get_device_capability(device_index)
-    version = int(torch.ops.te.cublaslt_version.default())
-    if (major, minor) == (9, 0) and version >= 120900:
-        return frozenset({"Float8BlockwiseQTensor"})
-    if major in (10, 11) and version >= 120800:
-        return frozenset({"MXFP8Tensor", "NVFP4Tensor"})
-    return frozenset()
-
-
 _SCALING = {"Float8BlockwiseQTensor": 4, "MXFP8Tensor": 2, "NVFP4Tensor": 3}  # te::GemmScaling codes
 _BLOCK_CLASSES = (Float8BlockwiseQTensor, MXFP8Tensor, NVFP4Tensor)
 _NVFP4_GLOBAL = 1.0 / (6.0 * 6.0 * 448.0 * 448.0)
+
+
+def nvfp4_gemm_alpha(amax_a, amax_b, alpha):
+    """The native NVFP4 GEMM's device alpha' (float32 [1]): the operands' global decode scales folded into alpha
+    (SPEC §6.7). TE's fl(fl(amax_A * amax_B) * fl(alpha / (6 * 6 * 448 * 448))) wherever it is finite and both amaxes
+    stand for the quantizers' S_dec (finite, and 2688 / amax did not overflow; amax 0 gives alpha' 0 as in TE).
+    Elsewhere alpha * g_A * g_B in float64, rounded once, with g = amax / 2688 for such an operand and g = S_dec
+    (the quantizer's, `nvfp4_global_decode`: 1 for amax Inf) for the others; so amaxes whose FP32 product overflows
+    (both above about 1.8e19) give the finite alpha' the dequantized operands imply, and an Inf amax no longer makes
+    every output Inf. Blocks whose element multiplier the quantizer clamped (amax below about 4e-33, see
+    `nvfp4_decode_factors`) cannot be expressed through one alpha; the emulated GEMM, which dequantizes, has them."""
+    te = (amax_a.float() * amax_b.float()).reshape(1) * (float(alpha) * _NVFP4_GLOBAL)
+    keep = torch.isfinite(te)
+    g = []
+    for amax in (amax_a, amax_b):
+        a = amax.float().reshape(1)
+        s_dec, regular = nvfp4_global_decode(a)
+        keep = keep & (regular | (a == 0))
+        g.append(torch.where(regular, a.double() / 2688.0, s_dec.double()))
+    safe = (g[0] * g[1] * float(alpha)).float()
+    return torch.where(keep, te, safe)
 
 
 def _native_operands(copies, transA, transB, alpha, beta):
@@ -142,7 +151,7 @@ def _native_operands(copies, transA, transB, alpha, beta):
         out.append((data, sinv, code, trans, scaling))
     alpha_beta = None
     if amaxes:
-        a_prime = (amaxes[0].float() * amaxes[1].float()).reshape(1) * (float(alpha) * _NVFP4_GLOBAL)
+        a_prime = nvfp4_gemm_alpha(amaxes[0], amaxes[1], alpha)
         alpha_beta = torch.cat([a_prime, a_prime.new_full((1,), float(beta))])
     return out[0], out[1], alpha_beta
 
@@ -212,8 +221,8 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     if type(A).__name__ in _EMULATED or type(B).__name__ in _EMULATED:
         copies = _block_copies(A, transA, B, transB, layout)
         kind = type(A).__name__
-        native = isinstance(A, _BLOCK_CLASSES) and A.device.type == "cuda" and kind in _native_formats(
-            A.device.index if A.device.index is not None else torch.cuda.current_device())
+        native = isinstance(A, _BLOCK_CLASSES) and A.device.type == "cuda" and kind in _device.native_gemm_formats(
+            _device.cuda_index(A.device))
         if native and kind == "NVFP4Tensor":  # cuBLASLt's NVFP4 GEMM writes bf16 or fp32 only
             native = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype") in (torch.bfloat16, torch.float32)
         if native:
@@ -439,7 +448,7 @@ def general_grouped_gemm(A, B, out, quantization_params, out_dtype, layout="TN",
 
 def get_cublasLt_version() -> int:
     """cuBLASLt version of the loaded library (0 in a CPU-only build)."""
-    return int(torch.ops.te.cublaslt_version.default())
+    return _device.cublaslt_version()
 
 
 def get_num_cublas_streams() -> int:

@@ -38,7 +38,7 @@ from .gemm import generic_gemm
 from .recipe import (DelayedScaling, DelayedScalingState, build_quantizer, get_amax_reduction_group, get_fp8_recipe,
                      is_calibrating, is_fp8_enabled, update_delayed_scaling)
 
-__all__ = ["Linear", "MLP", "ACTIVATIONS"]
+__all__ = ["Linear", "MLP", "ACTIVATIONS", "init_fp8_state"]
 
 # name -> (forward, backward, fused dbias+backward or None, gated)
 ACTIVATIONS = {
@@ -78,6 +78,18 @@ def _check_alignment(layer: str, recipe, dims: dict) -> None:
 _RHT_OFF_WARNED = set()
 
 
+@torch.compiler.assume_constant_result
+def _warn_rht_off(act_dtype: torch.dtype) -> bool:
+    """Warns once per dtype that NVFP4 runs without RHT. Dynamo runs it as plain Python while tracing (a
+    warnings.warn inside the traced code would be a graph break)."""
+    if act_dtype not in _RHT_OFF_WARNED:
+        _RHT_OFF_WARNED.add(act_dtype)
+        warnings.warn(f"NVFP4BlockScaling: the random Hadamard transform takes bfloat16 activations only; this layer "
+                      f"computes in {act_dtype}, so it runs without RHT (run it under torch.autocast(dtype="
+                      f"torch.bfloat16) or with bf16 parameters to keep it)", stacklevel=3)
+    return True
+
+
 def _layer_configs(recipe, act_dtype) -> tuple:
     """(input, weight, grad_output) quantizer configs of a layer computing in `act_dtype`. NVFP4's Hadamard transform
     takes bf16 only, so for other activation dtypes the layer turns it off on the input and gradient copies (SPEC §8),
@@ -85,11 +97,7 @@ def _layer_configs(recipe, act_dtype) -> tuple:
     cfgs = tuple(recipe.quantizer_config(role) for role in ("input", "weight", "grad_output"))
     if act_dtype == torch.bfloat16 or not any(c[0] == "nvfp4" and c[1] for c in cfgs):
         return cfgs
-    if act_dtype not in _RHT_OFF_WARNED:
-        _RHT_OFF_WARNED.add(act_dtype)
-        warnings.warn(f"NVFP4BlockScaling: the random Hadamard transform takes bfloat16 activations only; this layer "
-                      f"computes in {act_dtype}, so it runs without RHT (run it under torch.autocast(dtype="
-                      f"torch.bfloat16) or with bf16 parameters to keep it)", stacklevel=2)
+    _warn_rht_off(act_dtype)
     return tuple(("nvfp4", False) + c[2:] if c[0] == "nvfp4" else c for c in cfgs)
 
 
@@ -122,25 +130,61 @@ def _slot(scale, history, i):
     return scale[i:i + 1], history[0, i:i + 1]
 
 
+_FP8_BUFFERS = ("fp8_fwd_scale", "fp8_fwd_amax_history", "fp8_bwd_scale", "fp8_bwd_amax_history")
+
+
 class _DelayedMixin:
-    """Per-layer delayed-scaling state as non-persistent buffers (created on first use under DelayedScaling)."""
+    """Per-layer delayed-scaling state as non-persistent float32 buffers.
+
+    They are allocated when the layer is built, for the default `DelayedScaling()` (history of 1024 steps), and
+    again by `init_fp8_state(recipe)` or, eagerly, at the first forward under a recipe of another history length.
+    They must exist before torch.compile traces the layer: the backward updates the backward slots in place, and
+    AOTAutograd can apply a backward mutation to a graph input but not to a tensor the traced forward created (its
+    partitioner fails with "Node ... was invalid, but is output"). `.to(dtype)` / `.half()` leave them float32."""
 
     _N_FWD = 3
     _N_BWD = 2
 
-    def _init_fp8_buffers(self):
-        for name in ("fp8_fwd_scale", "fp8_fwd_amax_history", "fp8_bwd_scale", "fp8_bwd_amax_history"):
-            self.register_buffer(name, None, persistent=False)
+    def _init_fp8_buffers(self, device=None):
+        st = DelayedScalingState(DelayedScaling(), self._N_FWD, self._N_BWD, device)
+        for name, t in zip(_FP8_BUFFERS, (st.fwd_scale, st.fwd_history, st.bwd_scale, st.bwd_history)):
+            self.register_buffer(name, t, persistent=False)
+
+    def init_fp8_state(self, recipe: DelayedScaling, device=None) -> None:
+        """(Re)allocates the delayed-scaling state for `recipe` (fresh: scales 1, histories 0) on `device` (default:
+        where the parameters are). Call it before torch.compile traces the layer under a DelayedScaling whose
+        amax_history_len is not the default 1024."""
+        if not isinstance(recipe, DelayedScaling):
+            raise TypeError(f"{type(self).__name__}.init_fp8_state: recipe must be a DelayedScaling, got "
+                            f"{type(recipe).__name__}")
+        device = device if device is not None else next(self.parameters()).device
+        st = DelayedScalingState(recipe, self._N_FWD, self._N_BWD, device)
+        self.fp8_fwd_scale, self.fp8_fwd_amax_history = st.fwd_scale, st.fwd_history
+        self.fp8_bwd_scale, self.fp8_bwd_amax_history = st.bwd_scale, st.bwd_history
+
+    def _apply(self, fn, recurse=True):
+        """Module.to / .cuda / .half move the delayed-scaling buffers but keep them float32 (a bf16 amax history or
+        scale would round every update)."""
+        saved = {name: self._buffers.pop(name) for name in _FP8_BUFFERS if self._buffers.get(name) is not None}
+        out = super()._apply(fn, recurse)
+        for name, t in saved.items():
+            moved = fn(t)
+            self._buffers[name] = moved if moved.dtype == torch.float32 else t.to(device=moved.device)
+        return out
 
     def _delayed_state(self, recipe, device):
         """(fwd_scale, fwd_history, bwd_scale, bwd_history) for a delayed recipe, else four Nones."""
         if not isinstance(recipe, DelayedScaling):
             return None, None, None, None
         h = self.fp8_fwd_amax_history
-        if h is None or h.shape[0] != recipe.amax_history_len or h.device != device:
-            st = DelayedScalingState(recipe, self._N_FWD, self._N_BWD, device)
-            self.fp8_fwd_scale, self.fp8_fwd_amax_history = st.fwd_scale, st.fwd_history
-            self.fp8_bwd_scale, self.fp8_bwd_amax_history = st.bwd_scale, st.bwd_history
+        if h.shape[0] != recipe.amax_history_len or h.device != device:
+            if torch.compiler.is_compiling():
+                raise RuntimeError(
+                    f"{type(self).__name__}: under torch.compile the delayed-scaling state must exist before tracing, "
+                    f"but it holds a history of {h.shape[0]} steps on {h.device} and the recipe asks for "
+                    f"{recipe.amax_history_len} steps on {device}. Call layer.init_fp8_state(recipe) (or "
+                    f"tex.init_fp8_state(model, recipe)) before compiling, or run one eager step first")
+            self.init_fp8_state(recipe, device)
         return self.fp8_fwd_scale, self.fp8_fwd_amax_history, self.fp8_bwd_scale, self.fp8_bwd_amax_history
 
     def _calibrate(self, recipe, tensors_by_slot):
@@ -218,7 +262,7 @@ class Linear(_DelayedMixin, torch.nn.Module):
             self.bias = torch.nn.Parameter(torch.empty(self.out_features, **kw))
         else:
             self.register_parameter("bias", None)
-        self._init_fp8_buffers()
+        self._init_fp8_buffers(device)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -363,7 +407,7 @@ class MLP(_DelayedMixin, torch.nn.Module):
         else:
             self.register_parameter("fc1_bias", None)
             self.register_parameter("fc2_bias", None)
-        self._init_fp8_buffers()
+        self._init_fp8_buffers(device)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -410,3 +454,11 @@ class MLP(_DelayedMixin, torch.nn.Module):
         if fs is not None:
             update_delayed_scaling(fh, fs, recipe, cfgs[0][1], get_amax_reduction_group())
         return y
+
+
+def init_fp8_state(model: torch.nn.Module, recipe: DelayedScaling) -> None:
+    """`init_fp8_state(recipe)` on every tex layer of `model` (before torch.compile under a DelayedScaling whose
+    amax_history_len is not the default)."""
+    for m in model.modules():
+        if isinstance(m, _DelayedMixin):
+            m.init_fp8_state(recipe)

@@ -9,9 +9,9 @@ amax histories, `DelayedScalingState`), updated once per step per layer by the f
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import os
+import typing
 from typing import Optional
 
 import torch
@@ -26,8 +26,10 @@ __all__ = ["Format", "Recipe", "DelayedScaling", "Float8CurrentScaling", "MXFP8B
 _E4M3, _E5M2 = int(DType.kFloat8E4M3), int(DType.kFloat8E5M2)
 
 
-@dataclasses.dataclass(frozen=True)
-class _FormatInfo:
+class _FormatInfo(typing.NamedTuple):
+    """A Format's maxima and DTypes (a NamedTuple: dynamo builds it when a recipe is made inside a compiled
+    function)."""
+
     max_fwd: float
     max_bwd: float
     fwd_dtype: int  # DType of forward operands (input, weight)

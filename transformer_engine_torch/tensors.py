@@ -360,7 +360,11 @@ class MXFP8Tensor(_TwoCopyTensor):
         return unswizzle_mx_scales(s, columnwise) if self._with_gemm_swizzled_scales else s
 
     def dequantize(self, dtype=None) -> torch.Tensor:
-        """fl(fp8 * 2^(e - 127)) in FP32, rounded once to `dtype` (SPEC §4.5); rowwise copy when present."""
+        """fl(fp8 * 2^(e - 127)) in FP32, rounded once to `dtype` (SPEC §4.5); rowwise copy when present. The one
+        finite input that comes back Inf: the scale rounds up to a power of two and the block max's code can round
+        up to the next power (E4M3 256, E5M2 32768), so a block max at the dtype's max decodes to that max rounded
+        up to a power of two: 2^128 for fp32/bf16 (Inf in FP32), 65536 for fp16 (Inf in fp16). FP8 current/block
+        scaling with force_pow_2_scales does the same (README, "Dequantize at the edges")."""
         dtype = self._dtype if dtype is None else to_torch_dtype(dtype)
         columnwise = self._rowwise_data is None
         data = self._columnwise_data if columnwise else self._rowwise_data
@@ -452,7 +456,8 @@ class Float8BlockwiseQTensor(_TwoCopyTensor):
 
     def dequantize(self, dtype=None) -> torch.Tensor:
         """fl(fp8 * scale_inv[block]) in FP32, rounded once to `dtype` (default: the nominal dtype); the rowwise copy
-        when present, else the columnwise copy transposed back."""
+        when present, else the columnwise copy transposed back. With power-of-two scales (the default) a block max at
+        the input dtype's max decodes to 2^128 (Inf) for fp32/bf16 and 65536 for fp16, as MXFP8 does."""
         dtype = self._dtype if dtype is None else to_torch_dtype(dtype)
         columnwise = self._rowwise_data is None
         data = self._columnwise_data if columnwise else self._rowwise_data
@@ -560,6 +565,44 @@ def rht_matrix(sign_mask=RHT_SIGN_MASK, dtype=torch.float32, device=None):
     return (s[:, None] * h / 4).to(dtype=dtype, device=device)
 
 
+_FLT_MAX = torch.finfo(torch.float32).max
+_INV_2688 = float(torch.tensor(1.0) / torch.tensor(2688.0))   # fl(1/2688), exactly an FP32 value
+_INV_FLT_MAX = 2.0 ** -128                                   # fl(1/FLT_MAX), a subnormal FP32 value
+
+
+def nvfp4_global_decode(amax):
+    """(S_dec, regular) for a float32 global amax tensor, as the quantizer used them (SPEC §4.6): S_enc =
+    min(fl(2688 / amax), FLT_MAX), 1 where amax is 0 or Inf; S_dec = fl(1 / S_enc). `regular`: amax is finite and
+    > 0 and fl(2688 / amax) did not overflow (amax >= about 7.9e-36), so TE's amax / 2688 stands for S_dec.
+    Tensor ops only (true IEEE divisions; no host sync)."""
+    amax = amax.to(torch.float32)
+    s_enc = torch.full_like(amax, 2688.0) / amax
+    regular = (amax > 0) & torch.isfinite(s_enc) & (s_enc > 0)
+    s_enc = torch.where((amax == 0) | (s_enc == 0), 1.0, torch.clamp(s_enc, max=_FLT_MAX))
+    return torch.reciprocal(s_enc), regular
+
+
+def nvfp4_decode_factors(sf, amax):
+    """Per-block FP32 decode factors D of one NVFP4 copy (x = fl(e2m1 * D)): `sf` float32 block scales (decoded
+    E4M3), `amax` the copy's float32 global amax (broadcastable to sf).
+
+    D is TE's fl(fl(sf * amax) * fl(1/2688)) wherever that is finite and stands for the quantizer's scale: amax
+    regular (`nvfp4_global_decode`), fl(sf * amax) finite (amax up to FLT_MAX / 448, about 7.6e35, for every sf)
+    and the block's element multiplier enc = min(fl(1 / fl(sf * S_dec)), FLT_MAX) not clamped. Elsewhere D is the
+    reciprocal of what the quantizer multiplied by: fl(sf * S_dec) (amax above 7.6e35; amax 0 or Inf, where
+    S_dec = 1; amax so small that S_enc was clamped to FLT_MAX), fl(1/FLT_MAX) = 2^-128 where enc was clamped to
+    FLT_MAX (sf > 0), 0 where sf = 0. Such a D is finite and at most fl(448 * S_dec), and fl(6 * fl(448 * S_dec))
+    is finite for every FP32 amax (at most 1.6e-7 above amax, checked for all amax >= 2^126). TE's formula gives
+    Inf above 7.6e35, Inf or NaN for every element when amax is Inf, and decodes tensors whose amax is below
+    7.9e-36 (FP32/BF16 subnormal-only ones) with a scale the quantizer did not use (1e-38 -> about 4e-42)."""
+    te = (sf * amax) * _INV_2688
+    s_dec, regular = nvfp4_global_decode(amax)
+    y = sf * s_dec
+    enc_clamped = torch.isinf(torch.reciprocal(y))   # y <= 2^-128 (or 0): the quantizer's enc was FLT_MAX
+    ours = torch.where(sf == 0, 0.0, torch.where(enc_clamped, _INV_FLT_MAX, y))
+    return torch.where(regular & ~enc_clamped & torch.isfinite(te), te, ours)
+
+
 class NVFP4Tensor(_TwoCopyTensor):
     """NVFP4 (SPEC §4.6, §4.9): `_rowwise_data` uint8 `shape[:-1] + (K/2,)` (two E2M1 codes per byte, even element
     in the low nibble), `_columnwise_data` uint8 2-D `[K, M/2]` holding the codes of the transpose (Hadamard-
@@ -620,9 +663,11 @@ class NVFP4Tensor(_TwoCopyTensor):
         return swizzle_nvfp4_scales(s, inverse=True) if self._with_gemm_swizzled_scales else s
 
     def dequantize(self, dtype=None) -> torch.Tensor:
-        """x = fl(e2m1 * fl(fl(float(sf) * amax) * fl(1/2688))) in FP32 (TE's formula, SPEC §4.6), rounded once to
-        `dtype`; the rowwise copy when present, else the columnwise copy transposed back (with the Hadamard
-        transform undone by R^T when the quantizer applied it: approximate)."""
+        """x = fl(e2m1 * D) in FP32, rounded once to `dtype`; D = fl(fl(float(sf) * amax) * fl(1/2688)) (TE's
+        formula, SPEC §4.6) wherever that is finite and the scale the quantizer used, else the reciprocal of the
+        quantizer's multiplier (`nvfp4_decode_factors`), so a finite input never decodes to Inf or NaN. The rowwise
+        copy when present, else the columnwise copy transposed back (with the Hadamard transform undone by R^T,
+        in float64, when the quantizer applied it: approximate)."""
         dtype = self._dtype if dtype is None else to_torch_dtype(dtype)
         columnwise = self._rowwise_data is None
         data = self._columnwise_data if columnwise else self._rowwise_data
@@ -632,14 +677,14 @@ class NVFP4Tensor(_TwoCopyTensor):
         r, c = (k, m) if columnwise else (m, k)
         amax = (self._amax_columnwise if columnwise else self._amax_rowwise).to(torch.float32).reshape(1, 1)
         sf = self._compact_scale(columnwise)[:r, :c // NV_BLOCK].view(torch.float8_e4m3fn).to(torch.float32)
-        inv = torch.tensor(1.0, dtype=torch.float32) / torch.tensor(2688.0, dtype=torch.float32)
-        factor = ((sf * amax) * inv.to(sf.device)).repeat_interleave(NV_BLOCK, dim=1)
+        factor = nvfp4_decode_factors(sf, amax).repeat_interleave(NV_BLOCK, dim=1)
         v = e2m1_unpack(data.reshape(r, c // 2), c) * factor
         if columnwise:
             if getattr(self._quantizer, "with_rht", False):
+                # float64: the partial sums of v . R^T reach 4 * max|v| and would overflow FP32 above FLT_MAX / 4.
                 mask = RHT_SIGN_MASK if getattr(self._quantizer, "with_random_sign_mask", True) else 0
-                rt = rht_matrix(mask, device=v.device).t()
-                v = (v.reshape(r, c // 16, 16) @ rt).reshape(r, c)
+                rt = rht_matrix(mask, dtype=torch.float64, device=v.device).t()
+                v = (v.double().reshape(r, c // 16, 16) @ rt).reshape(r, c)   # rounded once below
             v = v.t()
         return v.to(dtype).reshape(self._shape)
 

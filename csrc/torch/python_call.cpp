@@ -20,6 +20,8 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include "../core/gemm.h"
+
 #include <memory>
 #include <optional>
 #include <vector>
@@ -222,7 +224,29 @@ PyObject* call(PyObject* /*module*/, PyObject* const* argv, Py_ssize_t argc) {
   END_HANDLE_TH_ERRORS
 }
 
+// Process constants of this build, as plain functions rather than te ops: they are asked from code that dynamo and
+// AOTAutograd trace (gemm.py picks native or emulated block GEMMs by them), where an op without tensor arguments
+// has no fake kernel to run. `_device.py` caches them.
+PyObject* built_with_cuda(PyObject* /*module*/, PyObject* /*unused*/) {
+#if defined(TE_WITH_CUDA)
+  Py_RETURN_TRUE;
+#else
+  Py_RETURN_FALSE;
+#endif
+}
+
+PyObject* cublaslt_version(PyObject* /*module*/, PyObject* /*unused*/) {
+#if defined(TE_WITH_CUDA)
+  return PyLong_FromSize_t(te::cublaslt_version());
+#else
+  return PyLong_FromLong(0);
+#endif
+}
+
 PyMethodDef methods[] = {
+    {"built_with_cuda", &built_with_cuda, METH_NOARGS, "built_with_cuda(): whether this build has the CUDA kernels."},
+    {"cublaslt_version", &cublaslt_version, METH_NOARGS,
+     "cublaslt_version(): cublasLtGetVersion() of the loaded library (0 in a CPU-only build)."},
     {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(&call)), METH_FASTCALL,
      "call(op, args, keep=-1): op(*args) for an OpOverload of the te library and a tuple of positional arguments, "
      "converted by the op's schema; outputs outside the `keep` bit mask may come back as None (the wrappers' eager fast "
