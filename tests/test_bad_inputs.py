@@ -8,6 +8,7 @@ Beside the table: where 0-d and empty tensors are valid they work (against refer
 strided inputs give the bytes their `.contiguous()` copies give, meta tensors trace, every op has a CUDA kernel
 (a real one, or in a CPU-only build one that explains), and the recipe/arch support check of `tex.autocast`.
 GPU-only cases (tensors on two devices, a CPU-only build given CUDA tensors) carry the `cuda` marker."""
+import contextlib
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import textwrap
 import warnings
 from dataclasses import dataclass
 from typing import Callable
+from unittest import mock
 
 import pytest
 import torch
@@ -82,12 +84,35 @@ def q8(shape, fmt=E4M3, **kw):
 
 def aligned_linear(tex, recipe, fin, fout):
     layer = tex.Linear(fin, fout)
-    with tex.autocast(recipe=recipe):
-        layer(x32(32, fin))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the CPU's emulated GEMMs (test_recipe_* below)
+        with tex.autocast(recipe=recipe):
+            layer(x32(32, fin))
 
 
 def gemm(tex, A, B, **kw):
     return tex.general_gemm(A, B, **kw)
+
+
+@contextlib.contextmanager
+def pretend_device(cap, cublaslt=130000, checked=None):
+    """tex.autocast's GEMM support check sees CUDA device 0 of compute capability `cap` ((9, 0): sm_90) with that
+    cuBLASLt version, or the CPU (cap None); `checked` holds the (recipe class, arch) pairs checked so far (none by
+    default)."""
+    import transformer_engine_torch._device as dev
+    import transformer_engine_torch.recipe as rcp
+
+    device = torch.device("cpu") if cap is None else torch.device("cuda", 0)
+    with mock.patch.object(rcp, "_autocast_device", lambda: device), \
+            mock.patch.object(dev, "capability", lambda index: cap), \
+            mock.patch.object(dev, "cublaslt_version", lambda: cublaslt), \
+            mock.patch.object(rcp, "_SUPPORT_CHECKED", set() if checked is None else checked):
+        yield
+
+
+def enter_autocast(tex, recipe, cap, cublaslt=130000):
+    with pretend_device(cap, cublaslt), tex.autocast(recipe=recipe):
+        pass
 
 
 ANY_QUANTIZER = "quantizer must be None or one of Float8Quantizer, Float8CurrentScalingQuantizer, MXFP8Quantizer"
@@ -159,7 +184,7 @@ CASES = [
          ("generic_gemm", "inner dims", "32", "16", "A [16, 32] fp32", "B [8, 16] fp32", "layout TN", "cpu"),
          "GEMM inner dims agree"),
     Case("gemm-D-shape", lambda t: gemm(t, x32(16, 16), x32(8, 16), out=torch.empty(3, 3)), ValueError,
-         ("generic_gemm", "D has shape [3, 3]", "[8, 16]", "layout TN"), "GEMM output shape"),
+         ("generic_gemm", "D has shape [3, 3]", "[8, 16]", "layout TN, cpu"), "GEMM output shape"),
     Case("gemm-bias-length", lambda t: gemm(t, x32(16, 16), x32(8, 16), bias=torch.ones(3)), ValueError,
          ("generic_gemm", "bias", "length 16", "[3]"), "GEMM bias length"),
     Case("quantize-output-shape", lambda t: t.quantize(x32(32, 32), cs(), output=q8((16, 32))), ValueError,
@@ -175,12 +200,14 @@ CASES = [
     Case("fp8-gemm-N", lambda t: gemm(t, q8((24, 32)), q8((32, 32))), ValueError,
          ("generic_gemm", "N=24", "multiple of 16", "Pad it to 32", "bf16"), "FP8: N % 16"),
     Case("fp8-block-gemm-K", lambda t: gemm(t, fb(t, 1)(x32(32, 24)), fb(t, 1)(x32(32, 24))), ValueError,
-         ("generic_gemm", "FP8 block", "multiple of 16", "K=24", "Float8BlockwiseQTensor[32, 24]", "Pad K to 32"),
+         ("generic_gemm", "FP8 block", "multiple of 16", "K=24", "Float8BlockwiseQTensor[32, 24]", "layout TN, cpu",
+          "Pad K to 32"),
          "FP8 block: K % 16"),
     Case("mxfp8-gemm-K", lambda t: gemm(t, mx(t)(x32(48, 32)), mx(t)(x32(48, 32)), layout="NT"), ValueError,
-         ("generic_gemm", "MXFP8", "multiple of 32", "K=48", "layout NT", "Pad K to 64"), "MXFP8: K % 32"),
+         ("generic_gemm", "MXFP8", "multiple of 32", "K=48", "layout NT, cpu", "Pad K to 64"), "MXFP8: K % 32"),
     Case("nvfp4-gemm-K", lambda t: gemm(t, nv(t)(x32(32, 48)), nv(t)(x32(32, 48))), ValueError,
-         ("generic_gemm", "NVFP4", "multiple of 32", "K=48", "NVFP4Tensor[32, 48]", "Pad K to 64"), "NVFP4: K % 32"),
+         ("generic_gemm", "NVFP4", "multiple of 32", "K=48", "NVFP4Tensor[32, 48]", "cpu", "Pad K to 64"),
+         "NVFP4: K % 32"),
     Case("mxfp8-quantize-K", lambda t: t.quantize(x32(4, 48), mx(t)), ValueError,
          ("quantize", "MXFP8 E4M3", "multiple of 32", "[4, 48]", "Pad the last dim to 64"), "MXFP8: last dim % 32"),
     Case("nvfp4-quantize-K", lambda t: t.quantize(x32(16, 24), nv(t)), ValueError,
@@ -197,7 +224,7 @@ CASES = [
          ValueError, ("generic_gemm", "FP4 output is not supported", "kFloat4E2M1", "quantize it to NVFP4 afterwards"),
          "no FP4 GEMM output"),
     Case("gemm-fp8-block-2d-x-2d", lambda t: gemm(t, fb(t, 2)(x32(32, 32)), fb(t, 2)(x32(32, 32))), ValueError,
-         ("generic_gemm", "2-D x 2-D", "Float8BlockwiseQTensor[32, 32]", "block_scaling_dim=1"),
+         ("generic_gemm", "2-D x 2-D", "Float8BlockwiseQTensor[32, 32]", "cpu", "block_scaling_dim=1"),
          "no FP8 block 2-D x 2-D GEMM"),
     Case("gemm-mixed-formats", lambda t: gemm(t, q8((32, 32)), mx(t)(x32(32, 32))), TypeError,
          ("generic_gemm", "Float8Tensor[32, 32] E4M3", "MXFP8Tensor[32, 32]", "one scaling format"),
@@ -221,10 +248,10 @@ CASES = [
     # -- a needed copy that was not made ---------------------------------------------------------------------------
     Case("fp8-gemm-no-columnwise-copy", lambda t: gemm(t, q8((32, 32), columnwise=False), q8((32, 32)), layout="NN"),
          ValueError, ("generic_gemm", "A (Float8Tensor[32, 32] E4M3)", "non-transposed", "layout NN",
-                      "columnwise copy", "columnwise=True"), "GEMM operand copy present"),
+                      "FP8 GEMM on cpu", "columnwise copy", "columnwise=True"), "GEMM operand copy present"),
     Case("mxfp8-gemm-no-rowwise-copy", lambda t: gemm(t, mx(t, rowwise=False)(x32(32, 32)), mx(t)(x32(32, 32))),
-         ValueError, ("generic_gemm", "A (MXFP8Tensor[32, 32])", "transposed", "layout TN", "rowwise copy",
-                      "rowwise=True"), "GEMM operand copy present"),
+         ValueError, ("generic_gemm", "A (MXFP8Tensor[32, 32])", "transposed", "layout TN", "MXFP8 GEMM on cpu",
+                      "rowwise copy", "rowwise=True"), "GEMM operand copy present"),
     # -- a quantizer (or quantized tensor) of the wrong kind ----------------------------------------------------------
     Case("act-quantizer-not-a-quantizer", lambda t: t.gelu(x32(4, 8), "fp8"), TypeError,
          ("gelu", ANY_QUANTIZER, "got str"), "quantizer class"),
@@ -276,6 +303,12 @@ CASES = [
     # -- recipes and the autocast context ---------------------------------------------------------------------------
     Case("autocast-recipe-not-a-recipe", lambda t: t.autocast(recipe="fp8").__enter__(), TypeError,
          ("autocast", "recipe must be a tex recipe", "DelayedScaling", "got str"), "recipe class"),
+    Case("recipe-fp8-on-sm80", lambda t: enter_autocast(t, t.Float8CurrentScaling(), (8, 0)), NotImplementedError,
+         ("autocast", "Float8CurrentScaling", "FP8 per-tensor GEMM on sm_80", "sm_89 or newer", "not emulated",
+          "enabled=False", "MXFP8BlockScaling"), "the arch has the recipe's GEMM"),
+    Case("recipe-mxfp8-on-sm75", lambda t: enter_autocast(t, t.MXFP8BlockScaling(), (7, 5)), NotImplementedError,
+         ("autocast", "MXFP8BlockScaling", "MXFP8 GEMM on sm_75", "bf16 GEMM needs sm_80"),
+         "the arch has the recipe's GEMM"),
     # -- non-contiguous / strided buffers the op writes (inputs of any stride work: test_noncontiguous_* below) --
     Case("gemm-D-non-contiguous", lambda t: gemm(t, x32(16, 32), x32(8, 32), out=torch.empty(16, 8).t()), ValueError,
          ("generic_gemm", "D", "contiguous", "(non-contiguous)", "[8, 16]"), "written buffers contiguous"),
@@ -327,7 +360,7 @@ CUDA_CASES = [
     Case("cuda-delayed-scale-nan", lambda t: delayed_quantizer(float("nan"), E4M3, "cuda")[0], ValueError,
          ("Float8Quantizer", "scale must be finite", "nan", "cuda:0"), "delayed scale finite"),
     Case("cuda-mxfp8-gemm-K", lambda t: gemm(t, mx(t)(_cuda(48, 32)), mx(t)(_cuda(48, 32)), layout="NT"), ValueError,
-         ("generic_gemm", "MXFP8", "K=48", "multiple of 32", "layout NT"), "MXFP8: K % 32"),
+         ("generic_gemm", "MXFP8", "K=48", "multiple of 32", "layout NT, sm_"), "MXFP8: K % 32"),
     Case("cuda-fp8-gemm-K", lambda t: gemm(t, cs()(_cuda(32, 24)), cs()(_cuda(32, 24))), ValueError,
          ("generic_gemm", "K=24", "multiple of 16", "sm_"), "FP8: K % 16"),
 ]
@@ -540,3 +573,58 @@ def test_cpu_only_build_given_cuda_tensors(tmp_path):
 
 
 # ---- recipes whose GEMM format the device cannot run natively ----------------------------------------------------
+WARNING_CASES = [
+    Case("recipe-mxfp8-emulated-on-sm90", lambda t: enter_autocast(t, t.MXFP8BlockScaling(), (9, 0)), UserWarning,
+         ("MXFP8BlockScaling on sm_90", "sm_100/sm_110", "cuBLASLt 13.0",
+          "GEMMs emulated: dequantize to bf16, then a bf16 GEMM"), "emulated GEMM: warned once"),
+    Case("recipe-nvfp4-emulated-on-sm89", lambda t: enter_autocast(t, t.NVFP4BlockScaling(), (8, 9)), UserWarning,
+         ("NVFP4BlockScaling on sm_89", "GEMMs emulated: dequantize to bf16"), "emulated GEMM: warned once"),
+    Case("recipe-fp8-block-old-cublaslt", lambda t: enter_autocast(t, t.Float8BlockScaling(), (9, 0), 120800),
+         UserWarning, ("Float8BlockScaling on sm_90", "sm_90 with cuBLASLt >= 12.9", "cuBLASLt 12.8",
+                       "GEMMs emulated"), "emulated GEMM: warned once"),
+    Case("recipe-mxfp8-on-cpu", lambda t: enter_autocast(t, t.MXFP8BlockScaling(), None), UserWarning,
+         ("MXFP8BlockScaling on cpu", "dequantize exactly to FP32, then an FP32 GEMM"), "emulated GEMM: warned once"),
+]
+
+
+@pytest.mark.parametrize("case", WARNING_CASES, ids=[c.id for c in WARNING_CASES])
+def test_recipe_emulated_on_arch_warns_once(case):
+    """A recipe whose GEMMs the device runs through the emulation warns on entering tex.autocast, naming the arch,
+    why there is no native GEMM and the emulation; once per (recipe class, arch)."""
+    tex = tex_module()
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        case.call(tex)
+    msgs = [str(w.message) for w in got if issubclass(w.category, case.exc)]
+    assert len(msgs) == 1, msgs
+    assert all(w.lower() in msgs[0].lower() for w in case.words), msgs[0]
+    assert got[0].filename == __file__  # points at the `with tex.autocast(...)` line's caller, not at recipe.py
+
+
+@pytest.mark.parametrize("recipe,cap,cublaslt", [
+    ("MXFP8BlockScaling", (10, 0), 120800), ("NVFP4BlockScaling", (10, 0), 130000),
+    ("Float8BlockScaling", (9, 0), 120900), ("DelayedScaling", (8, 9), 120000),
+    ("Float8CurrentScaling", (9, 0), 120000), ("Float8CurrentScaling", (10, 0), 130000)])
+def test_recipe_native_on_arch_is_silent(recipe, cap, cublaslt):
+    tex = tex_module()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        enter_autocast(tex, getattr(tex, recipe)(), cap, cublaslt)
+
+
+def test_recipe_support_warned_once_per_recipe_and_arch():
+    tex = tex_module()
+    checked = set()
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        for cap in ((9, 0), (9, 0), (8, 9), (9, 0), (8, 9)):
+            with pretend_device(cap, checked=checked):
+                for _ in range(2):
+                    with tex.autocast(recipe=tex.MXFP8BlockScaling()):
+                        pass
+                with tex.autocast(enabled=False, recipe=tex.NVFP4BlockScaling()):  # disabled: nothing checked
+                    pass
+        with pretend_device((9, 0), checked=checked), tex.autocast(recipe=tex.NVFP4BlockScaling()):
+            pass
+    assert [str(w.message).split(":")[1] for w in got] == [
+        " MXFP8BlockScaling on sm_90", " MXFP8BlockScaling on sm_89", " NVFP4BlockScaling on sm_90"]

@@ -791,7 +791,7 @@ def test_block_format_emulation_errors(tex):
         tex.general_gemm(_fake_block_tensor("NVFP4Tensor", x(24, 32), None),
                          _fake_block_tensor("NVFP4Tensor", x(16, 32), None))
     with pytest.raises(ValueError, match=r"A \(MXFP8Tensor\[32, 32\]\) is used non-transposed \(layout NN\) in a MXFP8 "
-                                         r"GEMM, which needs A's columnwise copy"):
+                                         r"GEMM on cpu, which needs A's columnwise copy"):
         tex.general_gemm(mx(x(32, 32)), mx(x(16, 32)), layout="NN")
     with pytest.raises(ValueError, match=r"FP8 block 2-D x 2-D has no kernel.*block_scaling_dim=1"):
         tex.general_gemm(_fake_block_tensor("Float8BlockwiseQTensor", x(32, 32), None, True),

@@ -1,14 +1,15 @@
-"""Writes README's "Errors" table from the case table of tests/test_bad_inputs.py: one row per case with the call,
-the exception class and the message it gives now (abridged). Runs every CPU case; the GPU cases are listed with
-the message words their test requires.
+"""Writes README's "Errors" table from the case tables of tests/test_bad_inputs.py: one row per case with the call,
+the exception (or warning) class and the message it gives now (abridged). Runs every CPU case; the GPU cases are
+listed with the message words their test requires.
 
     python3 tools/errors_table.py           # print the table
     python3 tools/errors_table.py --write   # replace the table between the markers in README.md
 """
+import inspect
 import os
 import re
 import sys
-import inspect
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -48,12 +49,18 @@ def call_text(fn) -> str:
 
 
 def message(case) -> str:
-    try:
-        case.call(tex_module())
-    except Exception as e:  # noqa: BLE001
-        msg = " ".join(str(e).split())
-        return msg if len(msg) <= MAX_MSG else msg[:MAX_MSG - 1] + "…"
-    raise AssertionError(f"{case.id} did not raise")
+    """What the call raises (or, for a warning case, warns), on one line, abridged."""
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        try:
+            case.call(tex_module())
+        except Exception as e:  # noqa: BLE001
+            text = str(e)
+        else:
+            assert got, f"{case.id} neither raised nor warned"
+            text = str(got[0].message)
+    msg = " ".join(text.split())
+    return msg if len(msg) <= MAX_MSG else msg[:MAX_MSG - 1] + "…"
 
 
 def cell(s: str) -> str:
@@ -62,7 +69,7 @@ def cell(s: str) -> str:
 
 def table() -> str:
     rows = ["| case | call | exception | rule | message (abridged) |", "|---|---|---|---|---|"]
-    for c in tb.CASES:
+    for c in tb.CASES + tb.WARNING_CASES:
         rows.append(f"| `{c.id}` | `{cell(call_text(c.call))}` | {c.exc.__name__} | {c.rule} | "
                     f"{cell(message(c))} |")
     for c in tb.CUDA_CASES:

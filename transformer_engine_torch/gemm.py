@@ -45,6 +45,11 @@ def _describe(x):
     return f"{x.dtype}{list(x.shape)}"
 
 
+def _where(A, B, layout):
+    """The operands, layout and arch of a GEMM, for messages (as the C++ checks give them)."""
+    return f"(A {_describe(A)}, B {_describe(B)}, layout {layout}, {_device.arch_name(A.device)})"
+
+
 def _block_copies(A, transA, B, transB, layout):
     """SPEC §6.5/§6.3 rules for block-format operands on the logical shapes, then the copy each operand uses
     (SPEC §6.4: A rowwise iff transA; B rowwise iff not transB). Returns ((A, rowwise), (B, rowwise))."""
@@ -55,15 +60,14 @@ def _block_copies(A, transA, B, transB, layout):
     mult, fmt = _EMULATED[ka]
     a_rows, a_cols = _flat2d(tuple(A.shape))
     m, k = (a_rows, a_cols) if transA else (a_cols, a_rows)
-    where = f"(A {_describe(A)}, B {_describe(B)}, layout {layout})"
     if k % mult:
         raise ValueError(f"generic_gemm: {fmt} GEMM needs the contraction dim K to be a multiple of {mult}, got K={k} "
-                         f"{where}. Pad K to {(k + mult - 1) // mult * mult} or keep this layer in bf16")
+                         f"{_where(A, B, layout)}. Pad K to {(k + mult - 1) // mult * mult} or keep this layer in bf16")
     if m % 16:
         raise ValueError(f"generic_gemm: {fmt} GEMM needs the output's last dim N to be a multiple of 16, got N={m} "
-                         f"{where}. Pad it to {(m + 15) // 16 * 16} or keep this layer in bf16")
+                         f"{_where(A, B, layout)}. Pad it to {(m + 15) // 16 * 16} or keep this layer in bf16")
     if getattr(A, "_is_2D_scaled", False) and getattr(B, "_is_2D_scaled", False):
-        raise ValueError(f"generic_gemm: FP8 block 2-D x 2-D has no kernel {where}; quantize one operand with "
+        raise ValueError(f"generic_gemm: FP8 block 2-D x 2-D has no kernel {_where(A, B, layout)}; quantize one operand with "
                          f"block_scaling_dim=1")
     out = []
     for name, x, trans in (("A", A, transA), ("B", B, transB)):
@@ -71,9 +75,9 @@ def _block_copies(A, transA, B, transB, layout):
         field = "_rowwise_data" if rowwise else "_columnwise_data"
         if getattr(x, field, None) is None:
             use = "transposed" if trans else "non-transposed"
-            raise ValueError(f"generic_gemm: {name} ({_describe(x)}) is used {use}"
-                             f" (layout {layout}) in a {fmt} GEMM, which needs {name}'s {field[1:-5]} copy; quantize "
-                             f"it with {field[1:-5]}=True")
+            raise ValueError(f"generic_gemm: {name} ({_describe(x)}) is used {use} (layout {layout}) in a {fmt} GEMM "
+                             f"on {_device.arch_name(x.device)}, which needs {name}'s {field[1:-5]} copy; quantize it "
+                             f"with {field[1:-5]}=True")
         out.append((x, rowwise))
     return out
 
@@ -167,14 +171,16 @@ def _operand(name, x, trans, layout):
             if x._data is None:
                 raise ValueError(
                     f"generic_gemm: {name} ({_describe(x)}) is used {'transposed' if trans else 'non-transposed'} "
-                    f"(layout {layout}) in an FP8 GEMM, which needs {name}'s rowwise copy; quantize it with "
+                    f"(layout {layout}) in an FP8 GEMM on {_device.arch_name(x.device)}, which needs {name}'s rowwise "
+                    f"copy; quantize it with "
                     f"rowwise=True or call update_usage(rowwise_usage=True)")
             return x._data, x._scale_inv, int(x._fp8_dtype), trans
         if x._transpose is None:
             raise ValueError(
                 f"generic_gemm: {name} ({_describe(x)}) is used {'transposed' if trans else 'non-transposed'} "
-                f"(layout {layout}) in an FP8 GEMM, which runs as TN and needs {name}'s columnwise copy; quantize it "
-                f"with columnwise=True or call update_usage(columnwise_usage=True)")
+                f"(layout {layout}) in an FP8 GEMM on {_device.arch_name(x.device)}, which runs as TN and needs "
+                f"{name}'s columnwise copy; quantize it with columnwise=True or call "
+                f"update_usage(columnwise_usage=True)")
         return x._transpose, x._scale_inv, int(x._fp8_dtype), not trans
     if isinstance(x, QuantizedTensor):
         raise NotImplementedError(
@@ -281,8 +287,8 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
         if not isinstance(D, torch.Tensor):
             raise TypeError(f"generic_gemm: D must be a torch.Tensor, got {type(D).__name__}")
         if tuple(D.shape) != tuple(out_shape) and D.numel() != _flat2d(out_shape)[0] * out_shape[-1]:
-            raise ValueError(f"generic_gemm: D has shape {list(D.shape)} but op(B)·op(A) of A {_describe(A)}, "
-                             f"B {_describe(B)} (layout {layout}) has shape {list(out_shape)}")
+            raise ValueError(f"generic_gemm: D has shape {list(D.shape)} but op(B)·op(A) {_where(A, B, layout)} has "
+                             f"shape {list(out_shape)}")
         if D.dtype != out_dt:
             raise TypeError(f"generic_gemm: D is {D.dtype} but output_dtype is {out_dt}")
         d_buf = D

@@ -12,10 +12,12 @@ import contextlib
 import enum
 import os
 import typing
+import warnings
 from typing import Optional
 
 import torch
 
+from . import _device
 from . import quantizers as _quantizers
 from .dtypes import DType
 
@@ -313,6 +315,83 @@ def _update_unfused(buffer, history, scale, recipe, fp8_dtype):
         scale.copy_(torch.where(ok, new_scale, scale))
 
 
+# ---- does the device have the recipe's GEMM? (SPEC §6.6) ------------------------------------------------------------
+# The quantized-tensor class each recipe's GEMMs take, and the format's name in messages.
+_GEMM_OPERAND = ((DelayedScaling, "Float8Tensor", "FP8 per-tensor"),
+                 (Float8CurrentScaling, "Float8Tensor", "FP8 per-tensor"),
+                 (MXFP8BlockScaling, "MXFP8Tensor", "MXFP8"), (NVFP4BlockScaling, "NVFP4Tensor", "NVFP4"),
+                 (Float8BlockScaling, "Float8BlockwiseQTensor", "FP8 block"))
+# Where each block format has a native cuBLASLt GEMM (_device.native_gemm_formats), for messages.
+_NATIVE_WHERE = {"MXFP8Tensor": "sm_100/sm_110 with cuBLASLt >= 12.8",
+                 "NVFP4Tensor": "sm_100/sm_110 with cuBLASLt >= 12.8",
+                 "Float8BlockwiseQTensor": "sm_90 with cuBLASLt >= 12.9"}
+_EMULATION_GPU = ("GEMMs emulated: dequantize to bf16, then a bf16 GEMM (SPEC §6.7): portable, at bf16 speed, with two "
+                  "bf16 temporaries per GEMM")
+_EMULATION_CPU = ("GEMMs emulated: dequantize exactly to FP32, then an FP32 GEMM with FP64 accumulation (SPEC §6.7): a "
+                  "reference, not a fast path")
+_SUPPORT_CHECKED: set = set()  # (recipe class, arch) pairs already checked (and warned about)
+
+
+def _autocast_device() -> torch.device:
+    """The device the layers' GEMMs will run on, as far as autocast can tell: the current CUDA device when there is
+    one and this build has CUDA kernels, else the CPU."""
+    if torch.cuda.is_available() and _device.built_with_cuda():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _gemm_support(recipe_cls: type, device: torch.device) -> Optional[tuple]:
+    """("native" | "emulated" | "none", why) for the GEMMs of recipe class `recipe_cls` on `device` (SPEC §6.6); None
+    for a recipe class this table does not know."""
+    operand = next(((cls, fmt) for r, cls, fmt in _GEMM_OPERAND if issubclass(recipe_cls, r)), None)
+    if operand is None:
+        return None
+    cls, fmt = operand
+    if device.type != "cuda":
+        return "emulated", f"no native {fmt} GEMM on the CPU"
+    index = _device.cuda_index(device)
+    cap = tuple(_device.capability(index))
+    if cls == "Float8Tensor":
+        if cap >= (8, 9):
+            return "native", ""
+        return "none", ("FP8 per-tensor GEMMs need FP8 tensor cores (sm_89 or newer) and are not emulated on GPUs; keep "
+                        "these layers in bf16 (tex.autocast(enabled=False)), or use MXFP8BlockScaling, whose GEMMs are "
+                        "emulated in bf16")
+    if cls in _device.native_gemm_formats(index):
+        return "native", ""
+    if cap < (8, 0):
+        return "none", (f"no native {fmt} GEMM, and the emulation's bf16 GEMM needs sm_80 or newer; keep these layers "
+                        f"in bf16 (tex.autocast(enabled=False))")
+    version = _device.cublaslt_version()
+    return "emulated", (f"a native {fmt} GEMM needs {_NATIVE_WHERE[cls]} (this is cuBLASLt {version // 10000}."
+                        f"{version // 100 % 100})")
+
+
+@torch.compiler.assume_constant_result
+def _check_gemm_support(recipe_cls: type) -> bool:
+    """At autocast entry: NotImplementedError when the device has no GEMM for the recipe's format at all, a
+    UserWarning (once per recipe class and arch) when its GEMMs are emulated. Takes the class (a constant), so that
+    dynamo runs it as plain Python while tracing a compiled region that enters autocast (warnings.warn inside the
+    traced code would be a graph break)."""
+    device = _autocast_device()
+    arch = _device.arch_name(device)
+    key = (recipe_cls, arch)
+    if key in _SUPPORT_CHECKED:
+        return True
+    support = _gemm_support(recipe_cls, device)
+    if support is None:
+        return True
+    status, why = support
+    fmt = next(f for r, _, f in _GEMM_OPERAND if issubclass(recipe_cls, r))
+    if status == "none":
+        raise NotImplementedError(f"autocast: {recipe_cls.__name__} has no {fmt} GEMM on {arch}: {why}")
+    _SUPPORT_CHECKED.add(key)
+    if status == "emulated":
+        how = _EMULATION_CPU if device.type == "cpu" else _EMULATION_GPU
+        warnings.warn(f"autocast: {recipe_cls.__name__} on {arch}: {why}; {how}", UserWarning, stacklevel=4)
+    return True
+
+
 # ---- autocast ----------------------------------------------------------------------------------------------------
 class _AutocastState:
     enabled = False
@@ -352,8 +431,10 @@ def autocast(enabled: bool = True, calibrating: bool = False, recipe: Optional[R
     if recipe is not None and not isinstance(recipe, Recipe):
         raise TypeError(f"autocast: recipe must be a tex recipe (DelayedScaling, Float8CurrentScaling, "
                         f"MXFP8BlockScaling, NVFP4BlockScaling, Float8BlockScaling), got {type(recipe).__name__}")
-    if enabled and recipe is not None:
-        recipe.check_available()
+    if enabled:
+        if recipe is not None:
+            recipe.check_available()
+        _check_gemm_support(type(recipe) if recipe is not None else DelayedScaling)
     saved = (_STATE.enabled, _STATE.calibrating, _STATE.recipe, _STATE.group)
     _STATE.enabled, _STATE.calibrating = bool(enabled), bool(calibrating)
     _STATE.recipe = recipe if recipe is not None else DelayedScaling()
