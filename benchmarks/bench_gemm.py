@@ -398,9 +398,9 @@ def main(argv=None):
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke run)"
     native = "n/a"
     if device == "cuda":
-        from transformer_engine_torch.gemm import _native_formats
+        from transformer_engine_torch import _device
 
-        native = "Float8BlockwiseQTensor" in _native_formats(torch.cuda.current_device())
+        native = "Float8BlockwiseQTensor" in _device.native_gemm_formats(torch.cuda.current_device())
     block_peer, block_peer_name = probe_block_peer(tex, fb1, fb2, device)
     ltlog, lt_note = None, "skipped (--no-algo-log)" if args.no_algo_log else "CPU run"
     if device == "cuda" and not args.no_algo_log:

@@ -109,9 +109,9 @@ def variant_builders(tex, ref, act, args, device):
     builders["tex fp8 block"] = tex_mlp(tex.Float8BlockScaling())
     native = set()
     if device == "cuda":
-        from transformer_engine_torch.gemm import _native_formats
+        from transformer_engine_torch import _device
 
-        native = _native_formats(torch.cuda.current_device())
+        native = _device.native_gemm_formats(torch.cuda.current_device())
     builders["tex mxfp8" + ("" if "MXFP8Tensor" in native else EMULATED)] = tex_mlp(tex.MXFP8BlockScaling())
     builders["tex nvfp4" + ("" if "NVFP4Tensor" in native else EMULATED)] = tex_mlp(tex.NVFP4BlockScaling())
     try:
