@@ -222,3 +222,60 @@ def test_compile_traces_recipe_construction_and_first_warning(monkeypatch):
     tex.init_fp8_state(model, tex.DelayedScaling())
     assert torch.equal(got, f(x))  # fresh delayed state both times: the same first step
     assert tex.get_cublasLt_version() == torch.compile(tex.get_cublasLt_version, fullgraph=True)()
+
+
+def test_compile_asks_native_gemm_of_a_cuda_device_without_guards(monkeypatch):
+    """The block GEMMs pick native or emulated by device facts while dynamo traces (gemm.py). Pretend to be an
+    sm_90 device with cuBLASLt 13.1 (the facts are cached, so seeding the cache is all the device there is): the
+    answer must be a constant dynamo bakes in. A set from an assume_constant_result function broke this on the GPU
+    (dynamo cannot install the membership guard), which no CPU run took."""
+    from transformer_engine_torch import _device
+
+    monkeypatch.setitem(_device._CAPABILITY, 0, (9, 0))
+    monkeypatch.setitem(_device._FACTS, "cublaslt", 130100)
+    torch._dynamo.reset()
+
+    def f(x):
+        a = _device.gemm_is_native("Float8BlockwiseQTensor", 0)
+        b = _device.gemm_is_native("MXFP8Tensor", 0)
+        return x + 1 if a and not b else x - 1
+
+    x = torch.zeros(3)
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(x), x + 1)
+    torch._dynamo.reset()
+
+
+class _DeviceLog(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the device of every tensor an op makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.devices = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self.devices.add(t.device.type)
+        return out
+
+
+def test_dequantize_helpers_make_no_host_tensor():
+    """A host tensor copied to the device is an error inside a CUDA graph capture. The NVFP4 decode table and the
+    Hadamard matrix are built on the target device (meta here: any CPU tensor among the ops' outputs is a host
+    copy waiting to happen), and equal the values SPEC §4.6 spells out."""
+    from transformer_engine_torch.tensors import _e2m1_values, e2m1_unpack, rht_matrix
+
+    log = _DeviceLog()
+    with log:
+        e2m1_unpack(torch.empty(4, 8, dtype=torch.uint8, device="meta"), 16)
+        rht_matrix(device="meta")
+    assert log.devices == {"meta"}
+    want = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    got = _e2m1_values("cpu")
+    assert got.tolist() == want + [-v for v in want]
+    assert torch.signbit(got[8]).item()  # code 8 is -0.0
+    h = torch.tensor([[(-1.0) ** bin(i & j).count("1") for j in range(16)] for i in range(16)], dtype=torch.float64)
+    mask = 0b1010_0110_0011_0101
+    s = torch.tensor([-1.0 if (mask >> t) & 1 else 1.0 for t in range(16)], dtype=torch.float64)
+    assert torch.equal(rht_matrix(mask, dtype=torch.float64), s[:, None] * h / 4)

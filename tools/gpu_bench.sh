@@ -39,7 +39,7 @@ for step in $steps; do
         note "build  up to date ($so)"; continue
       fi
       rm -rf build transformer_engine_torch/_C*.so
-      TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+      TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc --all)} \
         python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
       mkdir -p build && src_hash >build/.te_src_hash
       r=0 ;;

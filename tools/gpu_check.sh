@@ -1,29 +1,57 @@
 #!/usr/bin/env bash
-# Build (one arch, timed), GPU test suite and benchmark in one go on the GPU machine. Logs go to $OUT (or
-# ./gpu_out). Usage: tools/gpu_check.sh [build|test|bench]... (default: all three).
-# All three benchmarks with their plotted reports: tools/gpu_bench.sh.
+# Build (one arch, timed), GPU tests, compute-sanitizer and benchmark on the GPU machine. Logs go to $OUT (or
+# ./gpu_out), summary lines to $OUT/summary.txt. Usage: tools/gpu_check.sh [STEP]...  (default: build test bench)
+#   build     clean one-arch build, timed
+#   modes     tests/test_recipe_modes.py on the GPU: every recipe eager vs torch.compile vs CUDA graph (issue 19)
+#   sanitize  the same tests under compute-sanitizer memcheck
+#   test      every test marked `cuda`, in parallel workers with few CPU threads each
+#   bench     bench_activations (all three benchmarks with plots: tools/gpu_bench.sh)
+# Each step has a time limit (seconds): STEP_LIMIT=... (default 500), so a stuck step still leaves its log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# Several pytest workers share the machine's cores: without this each one starts a thread per core and the
+# suite runs ten times slower.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 steps=${*:-build test bench}
+limit=${STEP_LIMIT:-500}
+workers=${WORKERS:-8}
+pytest_args="-q -p no:cacheprovider -p no:benchmark -rfE --timeout 300"
 rc=0
+note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 for step in $steps; do
+  t0=$(date +%s.%N)
   case $step in
     build)
       rm -rf build transformer_engine_torch/_C*.so
-      t0=$(date +%s.%N)
-      TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc)} \
-        python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-      echo "clean build: $(python3 -c "print(f'{$(date +%s.%N) - $t0:.1f}')") s" | tee -a "$OUT/summary.txt" ;;
+      TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} MAX_JOBS=${MAX_JOBS:-$(nproc --all)} \
+        timeout "$limit" python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+      ;;
+    modes)
+      timeout "$limit" python3 -m pytest tests/test_recipe_modes.py -m cuda $pytest_args -n 4 >"$OUT/modes.log" 2>&1 || rc=1
+      tail -1 "$OUT/modes.log" | sed 's/^/modes: /' >>"$OUT/summary.txt" ;;
+    sanitize)
+      # Without the caching allocator every tensor is its own cudaMalloc, so an out-of-bounds access shows; a CUDA
+      # graph capture needs the caching allocator (cudaFree is illegal while capturing), so those tests keep it.
+      : >"$OUT/sanitize.log"
+      for part in "not graph_replay:1" "graph_replay:0"; do
+        PYTORCH_NO_CUDA_MEMORY_CACHING=${part##*:} timeout "$limit" compute-sanitizer --tool memcheck \
+          --error-exitcode 9 --print-limit 20 python3 -m pytest tests/test_recipe_modes.py -m cuda -k "${part%:*}" \
+          $pytest_args -n 4 >>"$OUT/sanitize.log" 2>&1
+        r=$?; [ $r -ne 0 ] && rc=1
+        note "sanitize -k '${part%:*}': exit $r; $(grep -E '^========= ERROR SUMMARY' "$OUT/sanitize.log" | tail -1) $(tail -1 "$OUT/sanitize.log")"
+      done ;;
     test)
-      python3 -m pytest tests -q -p no:cacheprovider 2>&1 | tee "$OUT/pytest.log" | tail -25 || rc=1
-      tail -1 "$OUT/pytest.log" >>"$OUT/summary.txt" ;;
+      timeout "$limit" python3 -m pytest tests -m cuda $pytest_args -n "$workers" --durations 15 >"$OUT/pytest.log" 2>&1 || rc=1
+      tail -1 "$OUT/pytest.log" | sed 's/^/test: /' >>"$OUT/summary.txt" ;;
     bench)
-      python3 benchmarks/bench_activations.py --csv "$OUT/bench.csv" --json "$OUT/bench.json" 2>&1 \
-        | tee "$OUT/bench.log" || rc=1 ;;
+      timeout "$limit" python3 benchmarks/bench_activations.py --csv "$OUT/bench.csv" --json "$OUT/bench.json" \
+        >"$OUT/bench.log" 2>&1 || rc=1 ;;
+    *) note "unknown step $step"; rc=1; continue ;;
   esac
+  note "$(printf '%-9s %6.1f s' "$step" "$(python3 -c "print($(date +%s.%N) - $t0)")")"
 done
 cat "$OUT/summary.txt"
 exit $rc

@@ -55,10 +55,10 @@ def cuda_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-@torch.compiler.assume_constant_result
 def native_gemm_formats(index: int) -> frozenset:
     """Quantized-tensor classes with a native cuBLASLt GEMM on CUDA device `index` (SPEC §6.6): FP8 blocks on sm_90
-    with cuBLASLt >= 12.9; MXFP8 and NVFP4 on sm_100/sm_110 with cuBLASLt >= 12.8. The others are emulated (§6.7)."""
+    with cuBLASLt >= 12.9; MXFP8 and NVFP4 on sm_100/sm_110 with cuBLASLt >= 12.8. The others are emulated (§6.7).
+    For eager code; traced code asks `gemm_is_native` (dynamo cannot guard a set that came from a constant)."""
     major, minor = capability(index)
     version = cublaslt_version()
     if (major, minor) == (9, 0) and version >= 120900:
@@ -66,3 +66,10 @@ def native_gemm_formats(index: int) -> frozenset:
     if major in (10, 11) and version >= 120800:
         return frozenset({"MXFP8Tensor", "NVFP4Tensor"})
     return frozenset()
+
+
+@torch.compiler.assume_constant_result
+def gemm_is_native(cls_name: str, index: int) -> bool:
+    """Whether quantized-tensor class `cls_name` has a native cuBLASLt GEMM on CUDA device `index`: a plain bool, so
+    a trace bakes it in with no guard."""
+    return cls_name in native_gemm_formats(index)

@@ -227,8 +227,8 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     if type(A).__name__ in _EMULATED or type(B).__name__ in _EMULATED:
         copies = _block_copies(A, transA, B, transB, layout)
         kind = type(A).__name__
-        native = isinstance(A, _BLOCK_CLASSES) and A.device.type == "cuda" and kind in _device.native_gemm_formats(
-            _device.cuda_index(A.device))
+        native = isinstance(A, _BLOCK_CLASSES) and A.device.type == "cuda" and _device.gemm_is_native(
+            kind, _device.cuda_index(A.device))
         if native and kind == "NVFP4Tensor":  # cuBLASLt's NVFP4 GEMM writes bf16 or fp32 only
             native = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype") in (torch.bfloat16, torch.float32)
         if native:

@@ -308,7 +308,7 @@ def _update_unfused(buffer, history, scale, recipe, fp8_dtype):
         rolled[0] = 0
         keep = last == 0
         history.copy_(torch.where(keep.unsqueeze(0), history, rolled))
-        new_scale = torch.tensor(fp8_max * 2.0 ** (-recipe.margin), dtype=torch.float32, device=scale.device) / amax
+        new_scale = torch.full_like(amax, fp8_max * 2.0 ** (-recipe.margin)) / amax   # a fill, not a host copy
         new_scale = torch.where(torch.isinf(new_scale), torch.full_like(new_scale, torch.finfo(torch.float32).max),
                                 new_scale)
         ok = torch.isfinite(amax) & (amax > 0) & ~keep

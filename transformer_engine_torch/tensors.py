@@ -543,26 +543,33 @@ def swizzle_nvfp4_scales(scale, inverse=False):
     return _swizzle(scale, r, c, inverse=inverse)
 
 
-_E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+def _e2m1_values(device):
+    """float32 value of each E2M1 code 0..15 (sign bit 3, then 2 exponent bits and 1 mantissa bit, bias 1):
+    0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives (-0.0 for code 8). Computed on `device` from an arange, so no
+    host-to-device copy (which a CUDA graph capture forbids)."""
+    code = torch.arange(16, dtype=torch.int32, device=device)
+    e, m = (code >> 1) & 3, (code & 1).to(torch.float32)
+    mag = torch.where(e == 0, 0.5 * m, torch.exp2((e - 1).to(torch.float32)) * (1.0 + 0.5 * m))
+    # times -1.0, not unary minus: IEEE multiplication makes -0.0 of 0.0, where a compiler may emit 0 - x
+    # (inductor's Triton code did: code 8 came out +0.0)
+    return mag * torch.where((code & 8) != 0, -1.0, 1.0)
 
 
 def e2m1_unpack(packed, k):
     """float32 values of packed E2M1 bytes [..., k/2] -> [..., k] (even element in the low nibble)."""
-    lut = torch.tensor(_E2M1_VALUES, dtype=torch.float32, device=packed.device)
     codes = torch.stack(((packed & 0xF), (packed >> 4)), dim=-1).reshape(*packed.shape[:-1], k)
-    return lut[codes.long()]
+    return _e2m1_values(packed.device)[codes.long()]
 
 
 def rht_matrix(sign_mask=RHT_SIGN_MASK, dtype=torch.float32, device=None):
-    """R = diag(s) * H16 / 4 (SPEC §4.6), H16[i][j] = (-1)^popcount(i & j); orthogonal."""
-    i = torch.arange(16)
-    pc = torch.zeros(16, 16, dtype=torch.int64)
+    """R = diag(s) * H16 / 4 (SPEC §4.6), H16[i][j] = (-1)^popcount(i & j), s_t = -1 where bit t of sign_mask is set;
+    orthogonal. Built in float64 on `device` from an arange (no host-to-device copy: CUDA-graph safe)."""
+    i = torch.arange(16, device=device)
     a = i[:, None] & i[None, :]
-    for b in range(4):
-        pc += (a >> b) & 1
+    pc = sum((a >> b) & 1 for b in range(4))
     h = 1.0 - 2.0 * (pc % 2).to(torch.float64)
-    s = torch.tensor([-1.0 if (sign_mask >> t) & 1 else 1.0 for t in range(16)], dtype=torch.float64)
-    return (s[:, None] * h / 4).to(dtype=dtype, device=device)
+    s = 1.0 - 2.0 * ((torch.full_like(i, sign_mask) >> i) & 1).to(torch.float64)
+    return (s[:, None] * h / 4).to(dtype=dtype)
 
 
 _FLT_MAX = torch.finfo(torch.float32).max
