@@ -4,8 +4,8 @@ and times as "eager" and "torch.compile", and the torch peers of our GEMMs.
 Activations (bench_activations.py): `make_reference(op, quant, columnwise, in_dtype)` returns the same math as our
 fused op in plain torch ops (FP32 per element, SPEC 3.2 expression shapes, 5.1 rounding points), as a dict of
 outputs; `ours_outputs` turns what tex returned into that dict's layout and `compare_outputs` checks one against
-the other within SPEC 9's tolerances. tests/test_bench_baselines.py checks these baselines against the float64
-references of tests/reference.py and against tex's CPU kernels.
+the other within SPEC 9's tolerances. tests/torch/test_bench_baselines.py checks these baselines against the float64
+references of tests/ref/ and against tex's CPU kernels.
 GEMM (bench_gemm.py): `scaled_mm_tensorwise` and `scaled_mm_blockwise` call torch._scaled_mm on the bytes and
 scales of our quantized tensors. MLP (bench_mlp.py): `TorchMLP`, nn.Linear + activation.
 

@@ -1,20 +1,19 @@
-"""pytest configuration for the transformer_engine_torch suite.
+"""pytest configuration for the whole suite.
+
+The layout: tests/ref/ the oracle (pure-PyTorch references, one module per SPEC section, and their self-tests),
+tests/torch/ the torch frontend's tests (helpers.py: devices, inputs, quantizer builders), tests/cpp/ checks of
+csrc/core compiled on the host. tests/jax/ comes with the JAX frontend (jax is not installed yet); its tests will
+reach the same oracle through `ref.as_torch` (DLPack). tests/ is a package: files import `from tests import ref`
+and `from tests.torch.helpers import ...`, and pytest puts the repository root on sys.path.
 
 Holds what would otherwise live in pytest.ini (markers, warning filters) so that the suite is
 self-contained under tests/. GPU tests carry ``@pytest.mark.cuda`` and are skipped on machines
 without CUDA; ``pytest -m cuda`` selects exactly them on a GPU machine.
 """
 import logging
-import os
-import sys
 
 import pytest
 import torch
-
-# reference.py and helpers.py are imported as plain modules by the test files.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from helpers import DEVICE_PARAMS, DEVICES, HAS_CUDA  # noqa: E402
 
 
 def pytest_configure(config):
@@ -31,24 +30,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if HAS_CUDA:
+    if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="CUDA not available")
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
-
-
-@pytest.fixture(params=DEVICE_PARAMS)
-def device(request):
-    """Each test using this fixture runs on cpu and (when present) cuda."""
-    return request.param
-
-
-@pytest.fixture
-def devices():
-    """The list of available devices, for tests that loop over them."""
-    return list(DEVICES)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
-"""Writes README's "Errors" table from the case tables of tests/test_bad_inputs.py: one row per case with the call,
-the exception (or warning) class and the message it gives now (abridged). Runs every CPU case; the GPU cases are
-listed with the message words their test requires.
+"""Writes README's "Errors" table from the case tables of tests/torch/test_bad_inputs.py: one row per case with the
+call, the exception (or warning) class and the message it gives now (abridged). Runs every CPU case; the GPU cases
+are listed with the message words their test requires.
 
     python3 tools/errors_table.py           # print the table
     python3 tools/errors_table.py --write   # replace the table between the markers in README.md
@@ -13,10 +13,10 @@ import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path.insert(0, ROOT)
 
-import test_bad_inputs as tb  # noqa: E402
-from helpers import tex_module  # noqa: E402
+from tests.torch import test_bad_inputs as tb  # noqa: E402
+from tests.torch.helpers import tex_module  # noqa: E402
 
 BEGIN, END = "<!-- errors-table: begin -->", "<!-- errors-table: end -->"
 MAX_MSG = 230

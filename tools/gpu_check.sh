@@ -2,7 +2,7 @@
 # Build (one arch, timed), GPU tests, compute-sanitizer and benchmark on the GPU machine. Logs go to $OUT (or
 # ./gpu_out), summary lines to $OUT/summary.txt. Usage: tools/gpu_check.sh [STEP]...  (default: build test bench)
 #   build     clean one-arch build, timed
-#   modes     tests/test_recipe_modes.py on the GPU: every recipe eager vs torch.compile vs CUDA graph (issue 19)
+#   modes     tests/torch/test_recipe_modes.py on the GPU: every recipe eager vs torch.compile vs CUDA graph (issue 19)
 #   sanitize  the same tests under compute-sanitizer memcheck
 #   test      every test marked `cuda`, in parallel workers with few CPU threads each
 #   bench     bench_activations (all three benchmarks with plots: tools/gpu_bench.sh)
@@ -30,7 +30,7 @@ for step in $steps; do
         timeout "$limit" python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
       ;;
     modes)
-      timeout "$limit" python3 -m pytest tests/test_recipe_modes.py -m cuda $pytest_args -n 4 >"$OUT/modes.log" 2>&1 || rc=1
+      timeout "$limit" python3 -m pytest tests/torch/test_recipe_modes.py -m cuda $pytest_args -n 4 >"$OUT/modes.log" 2>&1 || rc=1
       tail -1 "$OUT/modes.log" | sed 's/^/modes: /' >>"$OUT/summary.txt" ;;
     sanitize)
       # Without the caching allocator every tensor is its own cudaMalloc, so an out-of-bounds access shows; a CUDA
@@ -38,7 +38,7 @@ for step in $steps; do
       : >"$OUT/sanitize.log"
       for part in "not graph_replay:1" "graph_replay:0"; do
         PYTORCH_NO_CUDA_MEMORY_CACHING=${part##*:} timeout "$limit" compute-sanitizer --tool memcheck \
-          --error-exitcode 9 --print-limit 20 python3 -m pytest tests/test_recipe_modes.py -m cuda -k "${part%:*}" \
+          --error-exitcode 9 --print-limit 20 python3 -m pytest tests/torch/test_recipe_modes.py -m cuda -k "${part%:*}" \
           $pytest_args -n 4 >>"$OUT/sanitize.log" 2>&1
         r=$?; [ $r -ne 0 ] && rc=1
         note "sanitize -k '${part%:*}': exit $r; $(grep -E '^========= ERROR SUMMARY' "$OUT/sanitize.log" | tail -1) $(tail -1 "$OUT/sanitize.log")"

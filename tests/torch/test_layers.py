@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers import CAPTURE_WARMUPS, DEVICE_PARAMS, HAS_CUDA, capture_graph, tex_module
+from tests.torch.helpers import CAPTURE_WARMUPS, DEVICE_PARAMS, HAS_CUDA, capture_graph, tex_module
 
 tex = tex_module()
 

@@ -1,5 +1,5 @@
 """FP8 block scaling (SPEC §4.7 block rule, §4.8 scale shapes, §4.9 Float8BlockwiseQTensor, §5.1 UNFUSED path)
-against the pure-PyTorch reference of tests/reference.py (quantize_fp8_block_ref), bit-exact (atol = rtol = 0) on
+against the pure-PyTorch reference of tests/ref/ (quantize_fp8_block_ref), bit-exact (atol = rtol = 0) on
 data bytes and on the whole padded float32 scale tensors.
 
 Activations with an FP8 block quantizer are by definition "the plain op, then quantize" (SPEC §5.1 UNFUSED,
@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-import reference as ref
-from helpers import DTYPE_PARAMS, FMTS, capture_graph, cpu, fp8_dtype, tex_module, uniform, wide_random
+from tests import ref
+from tests.torch.helpers import DTYPE_PARAMS, FMTS, capture_graph, cpu, fp8_dtype, tex_module, uniform, wide_random
 
 BLOCK_DIMS = [pytest.param(1, id="1x128"), pytest.param(2, id="128x128")]
 SMALL_SHAPES = [(128, 128), (303, 300), (7, 5, 3), (37,), (), (0, 5), (5, 0), (2, 0, 3)]

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-import reference as ref
+from tests import ref
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if HAS_CUDA else [])

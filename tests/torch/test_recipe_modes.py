@@ -11,7 +11,7 @@ the same bits.
 import pytest
 import torch
 
-from helpers import CAPTURE_WARMUPS, HAS_CUDA, capture_graph, tex_module
+from tests.torch.helpers import CAPTURE_WARMUPS, HAS_CUDA, capture_graph, tex_module
 
 tex = tex_module()
 

@@ -3,8 +3,8 @@ AOT dispatch) and torch.compile(fullgraph=True) with no graph break, bit-identic
 import pytest
 import torch
 
-import reference as ref
-from helpers import DEVICE_PARAMS, cpu, current_quantizer, delayed_quantizer, tex_module, uniform
+from tests import ref
+from tests.torch.helpers import DEVICE_PARAMS, cpu, current_quantizer, delayed_quantizer, tex_module, uniform
 
 QK_NONE, QK_DELAYED, QK_CURRENT = 0, 1, 2
 E4M3, E5M2 = 7, 8

@@ -23,8 +23,8 @@ from unittest import mock
 import pytest
 import torch
 
-import reference as ref
-from helpers import HAS_CUDA, current_quantizer, delayed_quantizer, tex_module, uniform
+from tests import ref
+from tests.torch.helpers import HAS_CUDA, current_quantizer, delayed_quantizer, tex_module, uniform
 
 E4M3, E5M2 = "e4m3", "e5m2"
 # What a C++ stack in a message looks like (TORCH_SHOW_CPP_STACKTRACES=1 or a c10::Error's backtrace).
@@ -531,7 +531,7 @@ CPU_ONLY_SCRIPT = textwrap.dedent("""
 def build_cpu_only(tmp):
     """The CPU-only variant (TE_FORCE_CPU=1) built into `tmp`/lib/transformer_engine_torch with this checkout's
     Python files beside it."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     lib, build = os.path.join(tmp, "lib"), os.path.join(tmp, "build")
     env = dict(os.environ, TE_FORCE_CPU="1", MAX_JOBS=str(os.cpu_count() or 1))
     subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", lib, "--build-temp", build], cwd=root,

@@ -1,5 +1,5 @@
 """MXFP8 (SPEC §2 E8M0, §4.5, §4.8, §4.9, §5.1 FULLY_FUSED) against the pure-PyTorch reference of
-tests/reference.py, bit-exact (atol = rtol = 0) on data bytes and on the whole padded scale tensors.
+tests/ref/, bit-exact (atol = rtol = 0) on data bytes and on the whole padded scale tensors.
 
 The activation paths are checked as "quantize the plain op's output": MXFP8 rounds the activation to the input
 dtype before the block amax (SPEC §5.1), so tex.<act>(x, MXFP8) must equal the reference quantization of
@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-import reference as ref
-from helpers import DTYPE_PARAMS, FMTS, capture_graph, cpu, fp8_dtype, tex_module, uniform, wide_random
+from tests import ref
+from tests.torch.helpers import DTYPE_PARAMS, FMTS, capture_graph, cpu, fp8_dtype, tex_module, uniform, wide_random
 
 SHAPES = [(128, 128), (993, 512), (8, 32, 1024)]
 SHAPE_IDS = ["128x128", "993x512", "8x32x1024"]

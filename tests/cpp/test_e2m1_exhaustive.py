@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CORE = os.path.join(os.path.dirname(HERE), "csrc", "core")
+CORE = os.path.join(os.path.dirname(os.path.dirname(HERE)), "csrc", "core")
 
 
 def _compiler():
@@ -26,7 +26,7 @@ def test_e2m1_encoders_exhaustive(tmp_path):
     exe = str(tmp_path / "e2m1_exhaustive")
     # -ffp-contract=off as in the package's host build: no FMA contraction the encoders do not spell out.
     build = subprocess.run([cxx, "-O2", "-march=native", "-std=c++17", "-pthread", "-ffp-contract=off", "-I", CORE,
-                            os.path.join(HERE, "cpp", "e2m1_exhaustive.cpp"), "-o", exe],
+                            os.path.join(HERE, "e2m1_exhaustive.cpp"), "-o", exe],
                            capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     run = subprocess.run([exe], capture_output=True, text=True, timeout=900)

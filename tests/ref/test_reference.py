@@ -1,11 +1,11 @@
-"""Self-tests of tests/reference.py: the references must be right before they judge anything.
+"""Self-tests of the oracle, tests/ref/: the references must be right before they judge anything.
 These run without the extension."""
 import math
 
 import pytest
 import torch
 
-import reference as ref
+from tests import ref
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
@@ -156,3 +156,26 @@ def test_delayed_update_reference_roll():
     assert float(ns[0][0]) == float(torch.tensor(448.0) / torch.tensor(5.0))
     nh, ns = ref.amax_and_scale_update_ref(None, [h], [torch.tensor([1.0])], "most_recent", "e4m3", 1)
     assert float(ns[0][0]) == float(torch.tensor(224.0) / torch.tensor(5.0))
+
+
+def test_as_torch_reaches_the_oracle_through_dlpack():
+    """A NumPy array, as a JAX array will, reaches the references through DLPack: a view of the same memory with its
+    dtype, shape and strides, judged exactly as the torch tensor holding the same values; a torch tensor passes
+    through unchanged."""
+    np = pytest.importorskip("numpy")
+    a = np.linspace(-600.0, 600.0, 64 * 64, dtype=np.float32).reshape(64, 64)
+    t = ref.as_torch(a)
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.float32 and tuple(t.shape) == a.shape
+    assert t.data_ptr() == a.ctypes.data, "a view, not a copy"
+    cols = ref.as_torch(a[:, ::2])
+    assert cols.stride() == (64, 2) and torch.equal(cols, t[:, ::2])
+    x = torch.tensor(a.tolist(), dtype=torch.float32)           # the same values by another road
+    assert ref.as_torch(x) is x
+    assert torch.equal(ref.fp8_encode(t, "e4m3"), ref.fp8_encode(x, "e4m3"))
+    mx_np, mx_torch = ref.quantize_mxfp8_ref(t, "e4m3"), ref.quantize_mxfp8_ref(x, "e4m3")
+    assert torch.equal(mx_np.row, mx_torch.row) and torch.equal(mx_np.col_scale, mx_torch.col_scale)
+    codes = ref.fp8_encode(x, "e5m2")
+    back = ref.as_torch(codes.numpy())                          # uint8 codes through NumPy and back
+    assert back.dtype == torch.uint8 and torch.equal(ref.fp8_decode(back, "e5m2"), ref.fp8_decode(codes, "e5m2"))
+    assert not torch.equal(ref.fp8_encode(ref.as_torch(-a), "e4m3"), ref.fp8_encode(x, "e4m3")), \
+        "a different array must give different codes"

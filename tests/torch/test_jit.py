@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from helpers import DEVICE_PARAMS, tex_module
+from tests.torch.helpers import DEVICE_PARAMS, tex_module
 
 tex_module()
 import transformer_engine_torch.jit as jit_default  # noqa: E402

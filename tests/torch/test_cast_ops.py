@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-import reference as ref
-from helpers import (DTYPE_PARAMS, check_float8_tensor, cpu, current_quantizer, delayed_quantizer,
-                     fp8_dtype, tex_module, uniform, wide_random)
+from tests import ref
+from tests.torch.helpers import (DTYPE_PARAMS, check_float8_tensor, cpu, current_quantizer, delayed_quantizer,
+                                 fp8_dtype, tex_module, uniform, wide_random)
 
 
 def _bias_tol(dtype, rows):

@@ -10,9 +10,9 @@ are compared bit for bit at inputs chosen so that the two rounding rules give di
 import pytest
 import torch
 
-import reference as ref
-from helpers import (DTYPE_PARAMS, call_act, call_dact, check_float8_tensor, cpu, current_quantizer,
-                     delayed_quantizer, tex_module, uniform)
+from tests import ref
+from tests.torch.helpers import (DTYPE_PARAMS, call_act, call_dact, check_float8_tensor, cpu, current_quantizer,
+                                 delayed_quantizer, tex_module, uniform)
 
 CASES = [
     pytest.param(("delayed", "e4m3", 3.5), id="delayed-e4m3-s3.5"),

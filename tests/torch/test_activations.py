@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-import reference as ref
-from helpers import DTYPE_PARAMS, DTYPES, call_act, call_dact, tex_module, uniform
+from tests import ref
+from tests.torch.helpers import DTYPE_PARAMS, DTYPES, call_act, call_dact, tex_module, uniform
 
 SHAPES = [(37,), (2, 13), (32, 1, 32), (257, 259), (128, 129)]
 SHAPE_IDS = ["37", "2x13", "32x1x32", "257x259", "128x129"]

@@ -1,14 +1,14 @@
-"""The benchmarks' torch baselines (benchmarks/baselines.py) agree with the float64 references of reference.py, and
+"""The benchmarks' torch baselines (benchmarks/baselines.py) agree with the float64 references of tests/ref/, and
 the benchmark's own validation path accepts tex's CPU kernels and rejects a wrong answer. CPU only, small shapes.
 
 Each activation case of bench_activations.CASE_SPECS runs three ways on a 128x256 bf16 input (swiglu: 128x512):
-  - baseline (make_reference: FP32 torch math) against reference.py (float64 math, SPEC 2/4 encoders) through the
+  - baseline (make_reference: FP32 torch math) against tests/ref/ (float64 math, SPEC 2/4 encoders) through the
     benchmark's compare_outputs, i.e. within SPEC 9's tolerances; bit for bit where no activation math is involved
     (plain casts, FP8 blocks);
   - tex's CPU op, turned into the baseline's layout by ours_outputs, against the baseline: what the GPU run checks
     before it times anything;
   - a corrupted copy of that output must fail the same check.
-The GEMM peer's block-scale views and the MLP baseline are checked against reference.py too.
+The GEMM peer's block-scale views and the MLP baseline are checked against tests/ref/ too.
 """
 import math
 import os
@@ -18,9 +18,10 @@ import sys
 import pytest
 import torch
 
-import reference as R
+from tests import ref as R
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                "benchmarks"))
 import baselines as B  # noqa: E402
 import bench_activations as BA  # noqa: E402
 
@@ -48,7 +49,7 @@ def baseline_of(spec, inputs, scale):
 
 
 def reference_of(spec, inputs, scale):
-    """reference.py's answer in the baseline's dict layout (the 'got' side of compare_outputs)."""
+    """The oracle's (tests/ref/) answer in the baseline's dict layout (the 'got' side of compare_outputs)."""
     m, k = SIZE
     dbias = None
     if spec.op == "quantize":
@@ -147,7 +148,7 @@ def test_benchmark_validation_accepts_tex_cpu(tex, spec):
 
 
 def test_block_peer_scale_views(tex):
-    """torch._scaled_mm's block-scale views of our FP8 block tensors hold reference.py's scales in the shapes and
+    """torch._scaled_mm's block-scale views of our FP8 block tensors hold the oracle's scales in the shapes and
     strides torch checks: scale_a (M, K/128) strides (1, M); scale_b (K/128, N/128) strides (1, K/128)."""
     M, N, K = 256, 384, 512
     g = torch.Generator().manual_seed(3)

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from helpers import DEVICE_PARAMS, tex_module, uniform
-from test_opcheck_compile import _cases
+from tests.torch.helpers import DEVICE_PARAMS, tex_module, uniform
+from tests.torch.test_opcheck_compile import _cases
 
 
 def _call(op, *args):

@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-import reference as ref
-from helpers import (DTYPE_PARAMS, FMTS, cpu, current_quantizer, delayed_quantizer, random_bits,
-                     special_values, tex_module, uniform, wide_random)
+from tests import ref
+from tests.torch.helpers import (DTYPE_PARAMS, FMTS, cpu, current_quantizer, delayed_quantizer, random_bits,
+                                 special_values, tex_module, uniform, wide_random)
 
 pytestmark = pytest.mark.cuda
 

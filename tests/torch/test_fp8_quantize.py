@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-import reference as ref
-from helpers import (DTYPE_PARAMS, check_float8_tensor, cpu, current_quantizer, delayed_quantizer,
-                     fp8_dtype, tex_module, uniform, wide_random)
+from tests import ref
+from tests.torch.helpers import (DTYPE_PARAMS, check_float8_tensor, cpu, current_quantizer, delayed_quantizer,
+                                 fp8_dtype, tex_module, uniform, wide_random)
 
 SHAPES = [(), (311,), (7, 5, 3), (611, 782)]
 SHAPE_IDS = ["0d", "311", "7x5x3", "611x782"]

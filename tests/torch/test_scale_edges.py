@@ -8,7 +8,7 @@ Each format (FP8 delayed, FP8 current with and without power-of-two scales, MXFP
   onemax      values in [-3, 3] with one +max finite
   subnormal   values of the dtype's subnormal range, both signs
   pinf / nan / ninf   values in [-3, 3] with one +Inf / NaN / -Inf at SPOT
-is quantized on the CPU with tex.quantize and checked against the pure-PyTorch references of tests/reference.py:
+is quantized on the CPU with tex.quantize and checked against the pure-PyTorch references of tests/ref/:
 codes, scales and amaxes bit for bit, and the dequantized tensors (FP32 and the nominal dtype, each copy) bit for
 bit. Then what the issue asks of the values:
 - every finite input dequantizes to a finite value, except the documented power-of-two case: a power-of-two scale
@@ -28,9 +28,9 @@ import math
 import pytest
 import torch
 
-import reference as ref
-from helpers import DTYPE_IDS, cpu, tex_module
-from reference import bits_equal
+from tests import ref
+from tests.torch.helpers import DTYPE_IDS, cpu, tex_module
+from tests.ref import bits_equal
 
 F32 = torch.float32
 SHAPE = (64, 256)

@@ -4,8 +4,8 @@ TORCH_CHECK. Patterns are loose but must name the problem (dtype / shape / scale
 import pytest
 import torch
 
-import reference as ref
-from helpers import call_act, call_dact, current_quantizer, delayed_quantizer, tex_module, uniform
+from tests import ref
+from tests.torch.helpers import call_act, call_dact, current_quantizer, delayed_quantizer, tex_module, uniform
 
 ANY = (TypeError, ValueError, RuntimeError)
 SHAPEY = (ValueError, RuntimeError)

@@ -1,4 +1,4 @@
-"""NVFP4 (SPEC §2 E2M1, §4.6, §4.8, §4.9, §5.1): bit-exact against the pure-PyTorch reference of tests/reference.py
+"""NVFP4 (SPEC §2 E2M1, §4.6, §4.8, §4.9, §5.1): bit-exact against the pure-PyTorch reference of tests/ref/
 (packed bytes, compact scale bytes including the zero padding, amaxes), structured inputs (ties, bin edges,
 extremes, zeros), 2-D tiles, the random Hadamard transform, stochastic rounding, every activation through the
 FUSED_ACTIVATION_AMAX_NVFP4 path, the tensor API, errors, opcheck / torch.compile, and CPU/CUDA parity."""
@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-import reference as ref
-from helpers import DTYPE_PARAMS, capture_graph, cpu, tex_module, uniform, wide_random
+from tests import ref
+from tests.torch.helpers import DTYPE_PARAMS, capture_graph, cpu, tex_module, uniform, wide_random
 
 SHAPES = [(128, 128), (256, 272), (304, 304), (1024, 2048)]
 USAGES = [(True, True), (True, False), (False, True)]

@@ -5,8 +5,8 @@ which rounds once, within the output dtype's tolerance of the float64 product.""
 import pytest
 import torch
 
-import reference as ref
-from helpers import DEVICE_PARAMS, cpu, current_quantizer, delayed_quantizer, tex_module, uniform
+from tests import ref
+from tests.torch.helpers import DEVICE_PARAMS, cpu, current_quantizer, delayed_quantizer, tex_module, uniform
 
 F64 = torch.float64
 LAYOUTS = ["TN", "NN", "NT"]

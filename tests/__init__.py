@@ -1,0 +1,1 @@
+"""The test suite as a package (layout: tests/conftest.py)."""

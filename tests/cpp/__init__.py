@@ -1,0 +1,1 @@
+"""Checks of csrc/core compiled on the host."""

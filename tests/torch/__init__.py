@@ -1,0 +1,1 @@
+"""Tests of the torch frontend, transformer_engine_torch."""
