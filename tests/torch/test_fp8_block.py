@@ -524,7 +524,7 @@ def test_error_inputs(device):
 
 
 # ------------------------------------------------------------------------------------------------
-# opcheck and torch.compile
+# opcheck (torch.compile of every quantizer kind: test_opcheck_compile.py)
 # ------------------------------------------------------------------------------------------------
 def _fb_spec(fmt=7, rowwise=True, columnwise=True, block_dim=2, pow2=True, eps=0.0, noop=None):
     flags = (1 if pow2 else 0) | (2 if block_dim == 2 else 0)
@@ -563,26 +563,6 @@ def test_opcheck(device, case):
     tex_module()
     name, args = _opcheck_cases(device)[case]
     torch.library.opcheck(getattr(torch.ops.te, name).default, args)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("block_dim", [1, 2])
-def test_compile_gelu_fullgraph(device, block_dim):
-    tex = tex_module()
-    q = fbq("e4m3", block_dim)
-
-    def f(x):
-        y = tex.gelu(x, q)
-        return y._rowwise_data, y._rowwise_scale_inv, y._columnwise_data, y._columnwise_scale_inv, y.dequantize()
-
-    x = uniform((200, 260), torch.bfloat16, device)
-    eager = f(x)
-    torch._dynamo.reset()
-    out = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
-    for a, b in zip(out, eager):
-        assert ref.bits_equal(cpu(a), cpu(b))
-    r = ref.quantize_fp8_block_ref(cpu(tex.gelu(x, None)), "e4m3", block_dim)
-    assert torch.equal(cpu(out[0]), r.row) and torch.equal(cpu(out[3]), r.col_scale)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -738,20 +718,3 @@ def test_cuda_graph_quantize(block_dim):
     torch.cuda.synchronize()
     for k, b in zip(PIECES, snap):
         assert torch.equal(getattr(out, k), b), f"noop = 1 replay wrote {k}"
-
-
-@pytest.mark.cuda
-def test_cuda_compile_inductor_gelu():
-    tex = tex_module()
-    q = fbq("e4m3", 1)
-
-    def f(x):
-        y = tex.gelu(x, q)
-        return y._rowwise_data, y._columnwise_scale_inv, y.dequantize()
-
-    x = uniform((256, 512), torch.bfloat16, "cuda")
-    eager = f(x)
-    torch._dynamo.reset()
-    out = torch.compile(f, fullgraph=True)(x)
-    for a, b in zip(out, eager):
-        assert ref.bits_equal(cpu(a), cpu(b))

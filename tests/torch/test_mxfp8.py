@@ -420,7 +420,7 @@ def test_error_bad_config():
 
 
 # ------------------------------------------------------------------------------------------------
-# opcheck and torch.compile
+# opcheck (torch.compile of every quantizer kind: test_opcheck_compile.py)
 # ------------------------------------------------------------------------------------------------
 def _mx_spec(fmt=7, rowwise=True, columnwise=True, swizzled=False, noop=None):
     flags = 1 << 5 if swizzled else 0
@@ -454,25 +454,6 @@ def test_opcheck(device, case):
     tex_module()
     name, args = _opcheck_cases(device)[case]
     torch.library.opcheck(getattr(torch.ops.te, name).default, args)
-
-
-@pytest.mark.slow
-def test_compile_swiglu_fullgraph(device):
-    tex = tex_module()
-    q = mxq("e4m3")
-
-    def f(x):
-        y = tex.swiglu(x, q)
-        return y._rowwise_data, y._rowwise_scale_inv, y._columnwise_data, y._columnwise_scale_inv, y.dequantize()
-
-    x = uniform((96, 256), torch.bfloat16, device)
-    eager = f(x)
-    torch._dynamo.reset()
-    out = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
-    for a, b in zip(out, eager):
-        assert ref.bits_equal(cpu(a), cpu(b))
-    r = ref.quantize_mxfp8_ref(cpu(tex.swiglu(x, None)), "e4m3")
-    assert torch.equal(cpu(out[0]), r.row) and torch.equal(cpu(out[3]), r.col_scale)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -655,20 +636,3 @@ def test_cuda_graph_quantize_noop_mxfp8():
     graph.replay()
     torch.cuda.synchronize()
     check_mx(out, ref.quantize_mxfp8_ref(cpu(x1), "e5m2"), (64, 96), torch.float16, "e5m2", "graph noop=0")
-
-
-@pytest.mark.cuda
-def test_cuda_compile_inductor_swiglu_mxfp8():
-    tex = tex_module()
-    q = mxq("e4m3")
-
-    def f(x):
-        y = tex.swiglu(x, q)
-        return y._rowwise_data, y._columnwise_scale_inv, y.dequantize()
-
-    x = uniform((128, 512), torch.bfloat16, "cuda")
-    eager = f(x)
-    torch._dynamo.reset()
-    out = torch.compile(f, fullgraph=True)(x)
-    for a, b in zip(out, eager):
-        assert ref.bits_equal(cpu(a), cpu(b))

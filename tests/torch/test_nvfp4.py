@@ -1,7 +1,8 @@
 """NVFP4 (SPEC §2 E2M1, §4.6, §4.8, §4.9, §5.1): bit-exact against the pure-PyTorch reference of tests/ref/
 (packed bytes, compact scale bytes including the zero padding, amaxes), structured inputs (ties, bin edges,
 extremes, zeros), 2-D tiles, the random Hadamard transform, stochastic rounding, every activation through the
-FUSED_ACTIVATION_AMAX_NVFP4 path, the tensor API, errors, opcheck / torch.compile, and CPU/CUDA parity."""
+FUSED_ACTIVATION_AMAX_NVFP4 path, the tensor API, errors, opcheck, and CPU/CUDA parity
+(torch.compile: test_opcheck_compile.py, with every other quantizer kind)."""
 import math
 
 import pytest
@@ -615,7 +616,7 @@ def test_error_bad_config():
 
 
 # ------------------------------------------------------------------------------------------------
-# opcheck and torch.compile
+# opcheck (torch.compile of every quantizer kind: test_opcheck_compile.py)
 # ------------------------------------------------------------------------------------------------
 def _nv_spec(rowwise=True, columnwise=True, flags=0, amax=None, noop=None):
     return (4, 10, rowwise, columnwise, flags, 0.0, 1, None, amax, noop)
@@ -650,24 +651,6 @@ def test_opcheck(device, case):
     tex_module()
     name, args, kwargs = _opcheck_cases(device)[case]
     torch.library.opcheck(getattr(torch.ops.te, name).default, args, kwargs)
-
-
-@pytest.mark.slow
-def test_compile_gelu_fullgraph(device):
-    tex = tex_module()
-    q = nvq()
-
-    def f(x):
-        y = tex.gelu(x, q)
-        return (y._rowwise_data, y._rowwise_scale_inv, y._columnwise_data, y._columnwise_scale_inv, y._amax_rowwise,
-                y.dequantize())
-
-    x = uniform((64, 256), torch.bfloat16, device)
-    eager = f(x)
-    torch._dynamo.reset()
-    out = torch.compile(f, fullgraph=True, backend="aot_eager")(x)
-    for a, b in zip(out, eager):
-        assert ref.bits_equal(cpu(a), cpu(b))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -872,20 +855,3 @@ def test_cuda_graph_sr_replays_draw_fresh_bits():
     graph.replay()
     torch.cuda.synchronize()
     assert not torch.equal(a, cpu(out._rowwise_data))
-
-
-@pytest.mark.cuda
-def test_cuda_compile_inductor_gelu_nvfp4():
-    tex = tex_module()
-    q = nvq()
-
-    def f(x):
-        y = tex.gelu(x, q)
-        return y._rowwise_data, y._columnwise_scale_inv, y.dequantize()
-
-    x = uniform((128, 512), torch.bfloat16, "cuda")
-    eager = f(x)
-    torch._dynamo.reset()
-    out = torch.compile(f, fullgraph=True)(x)
-    for a, b in zip(out, eager):
-        assert ref.bits_equal(cpu(a), cpu(b))

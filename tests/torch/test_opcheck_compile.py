@@ -1,10 +1,13 @@
 """torch.library.opcheck on every registered te:: op (schema, fake kernel, autograd registration,
-AOT dispatch) and torch.compile(fullgraph=True) with no graph break, bit-identical to eager."""
+AOT dispatch) and torch.compile(fullgraph=True) with no graph break, bit-identical to eager: one test over every
+quantizer kind (per-tensor FP8 delayed and current, MXFP8, FP8 block 1-D and 2-D, NVFP4; aot_eager on each
+device, inductor on CUDA); the formats' own files hold their opcheck cases."""
 import pytest
 import torch
 
 from tests import ref
-from tests.torch.helpers import DEVICE_PARAMS, cpu, current_quantizer, delayed_quantizer, tex_module, uniform
+from tests.torch.helpers import (DEVICE_PARAMS, cpu, current_quantizer, delayed_quantizer, fp8_dtype, tex_module,
+                                 uniform)
 
 QK_NONE, QK_DELAYED, QK_CURRENT = 0, 1, 2
 E4M3, E5M2 = 7, 8
@@ -141,33 +144,79 @@ def _compile(fn, backend):
     return torch.compile(fn, fullgraph=True, backend=backend)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["delayed", "current"])
-def test_compile_gelu_fp8_dequantize(kind):
-    tex = tex_module()
-    x = uniform((32, 48), torch.bfloat16)
-    x2 = uniform((32, 48), torch.bfloat16, lo=-6.0, hi=6.0, g=torch.Generator().manual_seed(9))
+# One test over every quantizer kind: an activation into that format under torch.compile(fullgraph=True), every
+# buffer of the result and its dequantized value bit-identical to eager, on two inputs through one compiled graph.
+# Modes: aot_eager on each device, inductor on CUDA. Each kind keeps the activation and the shapes of the format's
+# own compile tests this one replaced (aot_eager shape, inductor shape): FP8 block's 200x260 has partial blocks.
+_TWO_COPIES = ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv")
+COMPILE_KINDS = {
+    "fp8-delayed": ("gelu", (32, 48), (128, 256), ("_data", "_transpose", "_scale_inv")),
+    "fp8-current": ("gelu", (32, 48), (128, 256), ("_data", "_transpose", "_scale_inv")),
+    "mxfp8": ("swiglu", (96, 256), (128, 512), _TWO_COPIES),
+    "fp8-block-1d": ("gelu", (200, 260), (256, 512), _TWO_COPIES),
+    "fp8-block-2d": ("gelu", (200, 260), (256, 512), _TWO_COPIES),
+    "nvfp4": ("gelu", (64, 256), (128, 512), _TWO_COPIES + ("_amax_rowwise", "_amax_columnwise")),
+}
+COMPILE_MODES = [pytest.param("cpu", "aot_eager", id="cpu-aot_eager"),
+                 pytest.param("cuda", "aot_eager", id="cuda-aot_eager", marks=pytest.mark.cuda),
+                 pytest.param("cuda", "inductor", id="cuda-inductor", marks=pytest.mark.cuda)]
 
-    def make():
-        if kind == "delayed":
-            q, s, amax = delayed_quantizer(3.5, "e4m3", amax_value=0.5)
-            return q, amax
+
+def _compile_quantizer(kind, device):
+    """A fresh E4M3 (NVFP4: E2M1) quantizer of `kind` and the amax it updates in place (delayed scaling; else None)."""
+    tex = tex_module()
+    if kind == "fp8-delayed":
+        q, _, amax = delayed_quantizer(3.5, "e4m3", device, amax_value=0.5)
+        return q, amax
+    if kind == "fp8-current":
         return current_quantizer("e4m3"), None
+    if kind == "mxfp8":
+        return tex.MXFP8Quantizer(fp8_dtype("e4m3")), None
+    if kind.startswith("fp8-block"):
+        return tex.Float8BlockQuantizer(fp8_dtype("e4m3"), block_scaling_dim=int(kind[-2])), None
+    return tex.NVFP4Quantizer(), None
+
+
+def _compile_reference(kind, plain):
+    """{buffer: reference bytes} of the plain (unquantized) activation output, for the kinds whose compile tests
+    checked against the reference as well (MXFP8, FP8 block)."""
+    if kind == "mxfp8":
+        r = ref.quantize_mxfp8_ref(plain, "e4m3")
+    elif kind.startswith("fp8-block"):
+        r = ref.quantize_fp8_block_ref(plain, "e4m3", int(kind[-2]))
+    else:
+        return {}
+    return {"_rowwise_data": r.row, "_columnwise_scale_inv": r.col_scale}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device,backend", COMPILE_MODES)
+@pytest.mark.parametrize("kind", list(COMPILE_KINDS))
+def test_compile_activation_quantize(kind, device, backend):
+    act, aot_shape, inductor_shape, buffers = COMPILE_KINDS[kind]
+    op = getattr(tex_module(), act)
+    shape = aot_shape if backend == "aot_eager" else inductor_shape
+    x = uniform(shape, torch.bfloat16, device)
+    x2 = uniform(shape, torch.bfloat16, device, lo=-6.0, hi=6.0, g=torch.Generator().manual_seed(9))
 
     def f(x, q):
-        y = tex.gelu(x, q)
-        return y.dequantize()
+        y = op(x, q)
+        return tuple(getattr(y, name) for name in buffers) + (y.dequantize(),)
 
-    q_e, a_e = make()
-    eager1, eager2 = f(x, q_e), f(x2, q_e)
-    q_c, a_c = make()
-    cf = _compile(f, "aot_eager")
-    out1 = cf(x, q_c)
-    out2 = cf(x2, q_c)
-    assert ref.bits_equal(out1, eager1) and ref.bits_equal(out2, eager2)
-    if a_e is not None:
-        assert torch.equal(a_c, a_e), "delayed amax must be updated in place under compile too"
-        assert float(a_c) > 0.5
+    q_e, amax_e = _compile_quantizer(kind, device)
+    eager = [f(x, q_e), f(x2, q_e)]
+    q_c, amax_c = _compile_quantizer(kind, device)
+    cf = _compile(f, backend)
+    out = [cf(x, q_c), cf(x2, q_c)]
+    for got, want in zip(out, eager):
+        for name, a, b in zip(buffers + ("dequantize()",), got, want):
+            assert (a is None) == (b is None), f"{kind} {name}: present in one run only"
+            assert a is None or ref.bits_equal(cpu(a), cpu(b)), f"{kind} {name} differs from eager"
+    for name, r in _compile_reference(kind, cpu(op(x, None))).items():
+        assert torch.equal(cpu(out[0][buffers.index(name)]), r), f"{kind} {name} differs from the reference"
+    if amax_e is not None:
+        assert torch.equal(amax_c, amax_e), "delayed amax must be updated in place under compile too"
+        assert float(amax_c) > 0.5
 
 
 @pytest.mark.slow
