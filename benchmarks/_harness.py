@@ -6,6 +6,7 @@ Every number a benchmark prints comes from one of these timers:
   Timer.gpu_us   median GPU time per call: triton.testing.do_bench (it flushes L2 between calls), or CUDA events
                  with a write of a buffer larger than L2 before each timed call;
   Timer.e2e_us   a host loop of N calls, then one synchronize, per call (what a launch-bound op costs a model);
+  step_ms        CUDA events around each training step, median (the MLP benchmark);
   interleaved    A, B, A, B ... on the same inputs, L2 flushed before each call, with the ratio of each pair
                  (two ops timed minutes apart see different clocks and temperatures; a pair one call apart does not).
 On the CPU (`--cpu-smoke`) the same calls use time.perf_counter so that every script runs end to end without a GPU;
@@ -16,6 +17,7 @@ and a clear message when the extension is not built.
 """
 import csv
 import datetime
+import gc
 import json
 import os
 import re
@@ -69,9 +71,22 @@ def gpu_slug(device_name=None):
     return re.sub(r"[^a-z0-9]", "", device_name.lower()) or "gpu"
 
 
+def device_name(device):
+    """What a report calls the device: the GPU's name, or 'cpu (smoke run)'."""
+    return torch.cuda.get_device_name() if str(device).startswith("cuda") else "cpu (smoke run)"
+
+
 def synchronize(device):
     if str(device).startswith("cuda"):
         torch.cuda.synchronize()
+
+
+def release(device):
+    """Between cases: collect what the last one left and hand the caching allocator's free blocks back, so that the
+    next case's peak memory and out-of-memory point do not depend on the ones before it."""
+    gc.collect()
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
 
 
 _FLUSH = {}
@@ -164,6 +179,28 @@ class Timer:
             synchronize(self.device)
             per_call.append((time.perf_counter() - t0) / self.e2e_iters)
         return 1e6 * statistics.median(per_call)
+
+
+def step_ms(fn, iters, device, warmup=3):
+    """Median time of one training step in ms: CUDA events around each step, synchronised (no L2 flush: a step
+    is long enough to make its own cache state); perf_counter on the CPU."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(iters):
+        if str(device).startswith("cuda"):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            torch.cuda.synchronize()
+            times.append(a.elapsed_time(b))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
 
 
 def _cpu_median_us(fn, reps):
@@ -332,6 +369,15 @@ class Report:
         if value is None:
             return self.target(label, "NOT MEASURED", None, required)
         self.target(label, "MET" if value <= need else "NOT MET", measured_fmt.format(value), required)
+
+    def summary(self, noun, seconds, smoke=False):
+        """The closing line: rows validated, targets met, run time; a smoke run adds that its times mean nothing."""
+        valid = sum(bool(r["valid"]) for r in self.rows)
+        met = sum(t["status"] == "MET" for t in self.targets)
+        self.emit(f"\nSummary: {valid}/{len(self.rows)} {noun} validated; targets met {met}/{len(self.targets)}; "
+                  f"run took {seconds:.0f} s")
+        if smoke:
+            self.emit("(cpu smoke run: tiny shapes on the CPU; validation is real, the times measure nothing)")
 
     def print_targets(self, title):
         self.emit(f"\n{title}")

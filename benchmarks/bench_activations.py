@@ -21,7 +21,6 @@ the validation from baselines.py (importable without the extension or a GPU).
 """
 
 import argparse
-import gc
 import os
 import sys
 import time
@@ -406,11 +405,8 @@ def main(argv=None):
 
     torch.backends.cuda.matmul.allow_tf32 = False
     timer = H.Timer(args.quick, device)
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        name, l2_mb = props.name, getattr(props, "L2_cache_size", 0) / 2**20
-    else:
-        name, l2_mb = "cpu (smoke run)", 0
+    name = H.device_name(device)
+    l2_mb = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) / 2**20 if device == "cuda" else 0
     H.log(f"device {name} (L2 {l2_mb:.0f} MB), torch {torch.__version__}, timing: {timer.method}")
 
     copy = H.measure_copy_bandwidth(timer, big)
@@ -428,9 +424,7 @@ def main(argv=None):
             row = blank_row(spec, size, copy["gbs"])
             row["note"] = f"out of memory: {e}"
             report.rows.append(row)
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        H.release(device)
 
     rows = report.rows
     report.emit()
@@ -449,11 +443,7 @@ def main(argv=None):
             report.emit(f"  {r['case']}: {r['note']}")
     for r in [r for r in rows if r["valid"] and r.get("note")]:
         report.emit(f"note: {r['case']}: {r['note']}")
-    n_met = sum(t["status"] == "MET" for t in report.targets)
-    report.emit(f"\nSummary: {len(rows) - len(failed)}/{len(rows)} cases validated; targets met "
-                f"{n_met}/{len(report.targets)}; run took {time.perf_counter() - t_start:.0f} s")
-    if args.cpu_smoke:
-        report.emit("(cpu smoke run: tiny shapes on the CPU; validation is real, the times measure nothing)")
+    report.summary("cases", time.perf_counter() - t_start, args.cpu_smoke)
 
     queue_plots(report, copy["gbs"], big, small)
     report.save(H.out_dir_of(args, partial=bool(args.only)), json_path=args.json, csv_path=args.csv)

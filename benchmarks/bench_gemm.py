@@ -395,7 +395,7 @@ def main(argv=None):
     # FP8 blocks as training uses them: activations 1x128, weights 128x128 (SPEC 4.7); native on sm_90.
     fb1 = tex.Float8BlockQuantizer(tex.DType.kFloat8E4M3, columnwise=False, block_scaling_dim=1)
     fb2 = tex.Float8BlockQuantizer(tex.DType.kFloat8E4M3, columnwise=False, block_scaling_dim=2)
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke run)"
+    name = H.device_name(device)
     native = "n/a"
     if device == "cuda":
         from transformer_engine_torch import _device
@@ -453,11 +453,7 @@ def main(argv=None):
     for r in report.rows:
         if r["valid"] and r["note"]:
             report.emit(f"note: {r['shape']} {r['comparison']}: {r['note']}")
-    report.emit(f"\nSummary: {len(report.rows) - len(failed)}/{len(report.rows)} rows validated; targets met "
-                f"{sum(t['status'] == 'MET' for t in report.targets)}/{len(report.targets)}; run took "
-                f"{time.perf_counter() - t_start:.0f} s")
-    if args.cpu_smoke:
-        report.emit("(cpu smoke run: tiny shapes on the CPU; validation is real, the times measure nothing)")
+    report.summary("rows", time.perf_counter() - t_start, args.cpu_smoke)
     queue_plot(report)
     report.save(H.out_dir_of(args, partial=bool(args.shape)), json_path=args.json)
     return 1 if failed else 0

@@ -18,9 +18,7 @@ Report: benchmarks/results/<gpu>/mlp.json, .md and mlp.png (benchmarks/_harness.
 """
 import argparse
 import copy
-import gc
 import os
-import statistics
 import sys
 import time
 
@@ -52,27 +50,6 @@ def step_fn(tex, module, x, dy, recipe=None):
         y.backward(dy)
         return y
     return step
-
-
-def time_ms(fn, iters, device, warmup=3):
-    """Median step time: CUDA events around each step, synchronised (perf_counter on the CPU)."""
-    for _ in range(warmup):
-        fn()
-    H.synchronize(device)
-    times = []
-    for _ in range(iters):
-        if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
 
 
 def variant_builders(tex, ref, act, args, device):
@@ -156,7 +133,7 @@ def run_config(tex, act, tokens, args, device):
                 row["note"] = f"disagrees with bf16 eager: max error {row['max_err']:.3f} of the output's max"
                 H.log(f"FAIL  {act} {tokens} {name}: {row['note']}")
             else:
-                row["ms"] = time_ms(step, args.iters, device)
+                row["ms"] = H.step_ms(step, args.iters, device)
                 peak = H.cuda_memory_peak(device, base)
                 row["peak_mb"] = None if peak is None else peak / 1e6
                 H.log(f"ok    {act} {tokens} {name}: {row['ms']:.2f} ms"
@@ -166,9 +143,7 @@ def run_config(tex, act, tokens, args, device):
             row["note"] = f"raised {type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
             H.log(f"FAIL  {act} {tokens} {name}: {row['note']}")
         del module, step
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
+        H.release(device)
     by = {r["variant"]: r for r in rows}
     eager, compiled = by["bf16 eager"], by["bf16 torch.compile"]
     for r in rows:
@@ -255,7 +230,7 @@ def main(argv=None):
         args.tokens, args.iters = [8192], 10
     if args.cpu_smoke:  # tiny shapes; Inductor's CPU compile is minutes on a small host
         args.tokens, args.iters, args.hidden, args.ffn, args.no_compile = [64], 2, 256, 512, True
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke run)"
+    name = H.device_name(device)
     report = H.Report("mlp", {"device": name, "hidden": args.hidden, "ffn": args.ffn, "tokens": args.tokens,
                               "acts": args.acts, "iters": args.iters, "quick": args.quick,
                               "cpu_smoke": args.cpu_smoke})
@@ -276,10 +251,7 @@ def main(argv=None):
     for r in report.rows:
         if r["note"]:
             report.emit(f"{'note' if r['valid'] else 'FAILED'}: {r['act']} {r['tokens']} {r['variant']}: {r['note']}")
-    report.emit(f"\nSummary: {len(report.rows) - len(failed)}/{len(report.rows)} rows validated; run took "
-                f"{time.perf_counter() - t_start:.0f} s")
-    if args.cpu_smoke:
-        report.emit("(cpu smoke run: tiny shapes on the CPU; validation is real, the times measure nothing)")
+    report.summary("rows", time.perf_counter() - t_start, args.cpu_smoke)
     queue_plot(report)
     report.save(H.out_dir_of(args, partial=not full and not args.cpu_smoke), json_path=args.json)
     return 1 if failed else 0
