@@ -16,9 +16,8 @@ from .dtypes import DType
 from .enums import FP8BwdTensors, FP8FwdTensors
 from .gemm import *  # noqa: F401,F403
 from .gemm import __all__ as _gemm_all
-from .quantizers import (Float8BlockQuantizer, Float8CurrentScalingQuantizer, Float8Quantizer, MXFP8Quantizer,
-                         NVFP4Quantizer, Quantizer)
-from .tensors import Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor, QuantizedTensor
+from .formats import *  # noqa: F401,F403  (quantizers and quantized tensors, one module per format)
+from .formats import __all__ as _formats_all
 from . import jit  # noqa: F401  (transformer_engine_torch.jit, SPEC §7)
 from .recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,
                      NVFP4BlockScaling, Recipe, autocast, fp8_autocast)
@@ -27,8 +26,7 @@ from .modules import MLP, Linear, init_fp8_state
 
 __version__ = "0.1.0"
 
-__all__ = ["DType", "FP8FwdTensors", "FP8BwdTensors", "Quantizer", "Float8Quantizer",
-           "Float8CurrentScalingQuantizer", "MXFP8Quantizer", "NVFP4Quantizer", "Float8BlockQuantizer",
-           "QuantizedTensor", "Float8Tensor", "MXFP8Tensor", "NVFP4Tensor", "Float8BlockwiseQTensor", "Format",
-           "Recipe", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling",
-           "Float8BlockScaling", "autocast", "fp8_autocast", "Linear", "MLP", "init_fp8_state"] + _act_all + _cast_all + _gemm_all
+__all__ = (["DType", "FP8FwdTensors", "FP8BwdTensors"] + _formats_all
+           + ["Format", "Recipe", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling",
+              "Float8BlockScaling", "autocast", "fp8_autocast", "Linear", "MLP", "init_fp8_state"]
+           + _act_all + _cast_all + _gemm_all)

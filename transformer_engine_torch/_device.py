@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from . import _C
+from .formats.base import TENSOR_CLASSES
 
 _CAPABILITY: dict = {}
 _FACTS: dict = {}
@@ -56,20 +57,17 @@ def cuda_index(device: torch.device) -> int:
 
 
 def native_gemm_formats(index: int) -> frozenset:
-    """Quantized-tensor classes with a native cuBLASLt GEMM on CUDA device `index` (SPEC §6.6): FP8 blocks on sm_90
-    with cuBLASLt >= 12.9; MXFP8 and NVFP4 on sm_100/sm_110 with cuBLASLt >= 12.8. The others are emulated (§6.7).
-    For eager code; traced code asks `gemm_is_native` (dynamo cannot guard a set that came from a constant)."""
-    major, minor = capability(index)
-    version = cublaslt_version()
-    if (major, minor) == (9, 0) and version >= 120900:
-        return frozenset({"Float8BlockwiseQTensor"})
-    if major in (10, 11) and version >= 120800:
-        return frozenset({"MXFP8Tensor", "NVFP4Tensor"})
-    return frozenset()
+    """Names of the quantized-tensor classes with a native cuBLASLt GEMM on CUDA device `index` (SPEC §6.6): those
+    whose `native_gemm` holds for the device's capability and the loaded cuBLASLt (FP8 blocks on sm_90 with cuBLASLt
+    >= 12.9; MXFP8 and NVFP4 on sm_100/sm_110 with cuBLASLt >= 12.8). The others are emulated (§6.7). For eager
+    code; traced code asks `gemm_is_native` (dynamo cannot guard a set that came from a constant)."""
+    return frozenset(name for name in TENSOR_CLASSES if gemm_is_native(name, index))
 
 
 @torch.compiler.assume_constant_result
 def gemm_is_native(cls_name: str, index: int) -> bool:
-    """Whether quantized-tensor class `cls_name` has a native cuBLASLt GEMM on CUDA device `index`: a plain bool, so
-    a trace bakes it in with no guard."""
-    return cls_name in native_gemm_formats(index)
+    """Whether quantized-tensor class `cls_name` (its name, a plain constant) has a native cuBLASLt GEMM on CUDA
+    device `index`: a plain bool, so a trace bakes it in with no guard."""
+    cls = TENSOR_CLASSES.get(cls_name)
+    return cls is not None and cls.native_gemm is not None and cls.native_gemm.holds(capability(index),
+                                                                                     cublaslt_version())

@@ -9,10 +9,12 @@ from __future__ import annotations
 import torch
 
 from . import _C
-from .tensors import _transposed_shape, fp8_block_scale_shapes, mxfp8_scale_shapes, nvfp4_data_shapes, nvfp4_scale_shapes
+from ._activation_table import GATED_CODES
 
-GATED = {1, 2, 4, 6, 8, 10, 11}
-QKIND_NONE, QKIND_FP8_DELAYED, QKIND_FP8_CURRENT, QKIND_MXFP8, QKIND_NVFP4, QKIND_FP8_BLOCK = range(6)
+# Quantizer kind "none" (SPEC §1.4): plain output. Each format module (formats/) names its own kinds and registers
+# the fake outputs of each (`register_fake_outputs`).
+QKIND_NONE = 0
+_FAKE_OUTPUTS: dict = {}
 
 _is_compiling = torch.compiler.is_dynamo_compiling
 
@@ -45,46 +47,32 @@ def _one_device(op: str, *args) -> None:
 
 def _fwd_shape(x, act):
     shape = list(x.shape)
-    if act in GATED and shape:
+    if act in GATED_CODES and shape:
         shape[-1] //= 2
     return shape
 
 
+def register_fake_outputs(*qkinds):
+    """Decorator: `fn(x, shape, rowwise, columnwise, rest)` makes the six outputs of a quantizing op for quantizer
+    kinds `qkinds` (a format module registers its own)."""
+    def decorator(fn):
+        for qkind in qkinds:
+            _FAKE_OUTPUTS[qkind] = fn
+        return fn
+
+    return decorator
+
+
 def _quant_outputs(x, shape, qkind, rowwise, columnwise, rest=()):
-    """`rest`: the spec fields after `columnwise` that the caller passed (qflags, amax_epsilon, block_dim, ...)."""
-    e32 = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
+    """The six outputs of a quantizing op with output shape `shape`. `rest`: the spec fields after `columnwise`
+    that the caller passed (qflags, amax_epsilon, block_dim, ...)."""
     if qkind == QKIND_NONE:
+        e32 = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
         return (x.new_empty(shape), e32(), e32(), e32(), e32(), e32())
-    if qkind in (QKIND_FP8_DELAYED, QKIND_FP8_CURRENT):
-        u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
-        return (u8(shape) if rowwise else u8((0,)), x.new_empty((1,), dtype=torch.float32),
-                u8(_transposed_shape(shape)) if columnwise else u8((0,)), e32(), e32(), e32())
-    if qkind == QKIND_MXFP8:
-        # Data in the tensor's shape (both copies), uint8 E8M0 scales of the padded SPEC §4.8 shapes.
-        u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
-        rs, cs = mxfp8_scale_shapes(shape)
-        return (u8(shape) if rowwise else u8((0,)), u8(rs) if rowwise else e32(),
-                u8(shape) if columnwise else u8((0,)), u8(cs) if columnwise else e32(), e32(), e32())
-    if qkind == QKIND_FP8_BLOCK:
-        # Rowwise data in the tensor's shape, columnwise data transposed, float32 scales of the SPEC §4.8 shapes.
-        block_dim = rest[2] if len(rest) > 2 else 1
-        u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
-        f32 = lambda s: x.new_empty(s, dtype=torch.float32)  # noqa: E731
-        rs, cs = fp8_block_scale_shapes(shape, block_dim == 2)
-        return (u8(shape) if rowwise else u8((0,)), f32(rs) if rowwise else e32(),
-                u8(_transposed_shape(shape)) if columnwise else u8((0,)), f32(cs) if columnwise else e32(), e32(),
-                e32())
-    if qkind == QKIND_NVFP4:
-        # Packed E2M1 data (rowwise shape[:-1] + (K/2,), columnwise 2-D [K, M/2]), uint8 E4M3 scales of the padded
-        # SPEC §4.8 shapes, float32 [1] amaxes, each present with its usage.
-        u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
-        f1 = lambda: x.new_empty((1,), dtype=torch.float32)  # noqa: E731
-        rs, cs = nvfp4_scale_shapes(shape)
-        rd, cd = nvfp4_data_shapes(shape)
-        return (u8(rd) if rowwise else u8((0,)), u8(rs) if rowwise else e32(),
-                u8(cd) if columnwise else u8((0,)), u8(cs) if columnwise else e32(),
-                f1() if rowwise else e32(), f1() if columnwise else e32())
-    raise NotImplementedError(f"quantizer kind {qkind} is not available in this build yet")
+    fn = _FAKE_OUTPUTS.get(qkind)
+    if fn is None:
+        raise NotImplementedError(f"quantizer kind {qkind} is not available in this build yet")
+    return fn(x, shape, rowwise, columnwise, rest)
 
 
 @torch.library.register_fake("te::act")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from ._activation_table import ACTIVATIONS
 from ._ops import call
+from .cast import bgrad_quantize, quantize
 from .dtypes import FLOAT_DTYPES
-from .quantizers import NO_QUANTIZER_SPEC, Float8CurrentScalingQuantizer, check_quantizer
+from .formats.base import NO_QUANTIZER_SPEC, check_quantizer
 
-# TE's activation enum (SPEC §1.4).
-GELU, GEGLU, GLU, SILU, SWIGLU, RELU, REGLU, QGELU, QGEGLU, SRELU, SREGLU, CLAMPED_SWIGLU = range(12)
 # limit, alpha, offset: clamped SwiGLU's defaults, also the schema defaults of act/dact (registration.cpp).
 _DEFAULT_ARGS = (7.0, 1.702, 1.0)
 
@@ -47,20 +47,13 @@ def _check_backward_inputs(op: str, grad, x) -> torch.dtype:
     return dtype
 
 
-def _reduces_amax(quantizer) -> bool:
-    """Current scaling with an amax all-reduce cannot fuse: the activation runs unquantized, then the cast."""
-    return isinstance(quantizer, Float8CurrentScalingQuantizer) and quantizer.with_amax_reduction
-
-
 def _activation(op: str, code: int, x, quantizer, args=_DEFAULT_ARGS):
     dtype = _check_input(op, "input", x)
     if quantizer is None:
         # Default parameters are left to the schema.
         return call(_ACT, (x, code)) if args is _DEFAULT_ARGS else call(_ACT, (x, code, *args))
     check_quantizer(op, quantizer)
-    if _reduces_amax(quantizer):
-        from .cast import quantize
-
+    if quantizer._reduces_amax:  # no fused form: the activation runs unquantized, then the cast
         return quantize(call(_ACT, (x, code, *args)), quantizer)
     return quantizer._wrap(call(_ACT_QUANTIZE, (x, code, *args, *quantizer._spec()), quantizer._pieces()), dtype)
 
@@ -70,9 +63,7 @@ def _dactivation(op: str, code: int, grad, x, quantizer, args=_DEFAULT_ARGS):
     if quantizer is None:
         return call(_DACT, (grad, x, code)) if args is _DEFAULT_ARGS else call(_DACT, (grad, x, code, *args))
     check_quantizer(op, quantizer)
-    if _reduces_amax(quantizer):
-        from .cast import quantize
-
+    if quantizer._reduces_amax:  # no fused form: the activation runs unquantized, then the cast
         return quantize(call(_DACT, (grad, x, code, *args)), quantizer)
     return quantizer._wrap(call(_DACT_QUANTIZE, (grad, x, code, *args, *quantizer._spec()), quantizer._pieces()),
                            dtype)
@@ -81,9 +72,7 @@ def _dactivation(op: str, code: int, grad, x, quantizer, args=_DEFAULT_ARGS):
 def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
     dtype = _check_backward_inputs(op, grad, x)
     check_quantizer(op, quantizer)
-    if _reduces_amax(quantizer):
-        from .cast import bgrad_quantize
-
+    if quantizer is not None and quantizer._reduces_amax:
         return bgrad_quantize(call(_DACT, (grad, x, code)), quantizer)
     if quantizer is None:
         outs = call(_DBIAS_DACT, (grad, x, code, *NO_QUANTIZER_SPEC), 0b11)
@@ -120,19 +109,18 @@ def _make_dbias(name: str, code: int):
     return fn
 
 
-gelu, geglu, qgelu, qgeglu = (_make_forward(n, c) for n, c in
-                              (("gelu", GELU), ("geglu", GEGLU), ("qgelu", QGELU), ("qgeglu", QGEGLU)))
-relu, reglu, srelu, sreglu = (_make_forward(n, c) for n, c in
-                              (("relu", RELU), ("reglu", REGLU), ("srelu", SRELU), ("sreglu", SREGLU)))
-silu, swiglu, glu = (_make_forward(n, c) for n, c in (("silu", SILU), ("swiglu", SWIGLU), ("glu", GLU)))
-dgelu, dgeglu, dqgelu, dqgeglu = (_make_backward(n, c) for n, c in
-                                  (("dgelu", GELU), ("dgeglu", GEGLU), ("dqgelu", QGELU), ("dqgeglu", QGEGLU)))
-drelu, dreglu, dsrelu, dsreglu = (_make_backward(n, c) for n, c in
-                                  (("drelu", RELU), ("dreglu", REGLU), ("dsrelu", SRELU), ("dsreglu", SREGLU)))
-dsilu, dswiglu, dglu = (_make_backward(n, c) for n, c in (("dsilu", SILU), ("dswiglu", SWIGLU), ("dglu", GLU)))
-dbias_dgelu, dbias_dsilu, dbias_drelu, dbias_dqgelu, dbias_dsrelu = (
-    _make_dbias(n, c) for n, c in (("dbias_dgelu", GELU), ("dbias_dsilu", SILU), ("dbias_drelu", RELU),
-                                   ("dbias_dqgelu", QGELU), ("dbias_dsrelu", SRELU)))
+# The wrappers of every row of the activation table (_activation_table.py); those of a row with parameters are
+# written out below.
+for _a in ACTIVATIONS:
+    if not _a.params:
+        globals()[_a.name] = _make_forward(_a.name, _a.code)
+        globals()[_a.backward] = _make_backward(_a.backward, _a.code)
+    if _a.dbias:
+        globals()[_a.dbias_backward] = _make_dbias(_a.dbias_backward, _a.code)
+del _a
+__all__ = ([a.name for a in ACTIVATIONS] + [a.backward for a in ACTIVATIONS]
+           + [a.dbias_backward for a in ACTIVATIONS if a.dbias])
+_CLAMPED_SWIGLU = next(a.code for a in ACTIVATIONS if a.name == "clamped_swiglu")
 
 
 def _clamped_args(op: str, limit, alpha, offset) -> tuple:
@@ -145,19 +133,11 @@ def _clamped_args(op: str, limit, alpha, offset) -> tuple:
 
 def clamped_swiglu(input, quantizer, limit=7.0, alpha=1.702, glu_linear_offset=1.0):
     """GPT-OSS SwiGLU (SPEC §3.3): min(a, limit) * sigmoid(alpha * min(a, limit)) * (clamp(b, ±limit) + offset)."""
-    return _activation("clamped_swiglu", CLAMPED_SWIGLU, input, quantizer,
+    return _activation("clamped_swiglu", _CLAMPED_SWIGLU, input, quantizer,
                        _clamped_args("clamped_swiglu", limit, alpha, glu_linear_offset))
 
 
 def clamped_dswiglu(grad, fwd_input, quantizer, limit=7.0, alpha=1.702, glu_linear_offset=1.0):
     """Backward of clamped_swiglu (SPEC §3.3)."""
-    return _dactivation("clamped_dswiglu", CLAMPED_SWIGLU, grad, fwd_input, quantizer,
+    return _dactivation("clamped_dswiglu", _CLAMPED_SWIGLU, grad, fwd_input, quantizer,
                         _clamped_args("clamped_dswiglu", limit, alpha, glu_linear_offset))
-
-
-__all__ = [
-    "gelu", "geglu", "qgelu", "qgeglu", "relu", "reglu", "srelu", "sreglu", "silu", "swiglu", "glu",
-    "clamped_swiglu", "dgelu", "dgeglu", "dqgelu", "dqgeglu", "drelu", "dreglu", "dsrelu", "dsreglu", "dsilu",
-    "dswiglu", "dglu", "clamped_dswiglu", "dbias_dgelu", "dbias_dsilu", "dbias_drelu", "dbias_dqgelu",
-    "dbias_dsrelu",
-]

@@ -7,34 +7,28 @@ picks the stored copy each operand needs (SPEC §6.4) and passes its codes, scal
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import _device
 from ._ops import call
 from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
-from .quantizers import Float8Quantizer, Quantizer, check_quantizer
-from .tensors import (Float8BlockwiseQTensor, Float8Tensor, MXFP8Tensor, NVFP4Tensor, QuantizedTensor,
-                      _transposed_shape, nvfp4_global_decode, swizzle_mx_scales, swizzle_nvfp4_scales)
+from .cast import quantize
+from .formats.base import TENSOR_CLASSES, QuantizedTensor, _rows_cols, _transposed_shape, check_quantizer
+from .formats.fp8 import Float8Quantizer, Float8Tensor
+from .formats.nvfp4 import nvfp4_global_decode
 
 _GEMM = torch.ops.te.gemm.default
 _PLAIN_CODES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),
                 torch.bfloat16: int(DType.kBFloat16)}
 _LAYOUTS = ("TN", "NN", "NT", "TT")
-# Block formats run through the documented emulation (SPEC §6.7): the copy §6.4 picks, dequantized on the device,
-# then a plain GEMM. Class name -> (contraction-dim multiple, format name) of the SPEC §6.5 rule.
-_EMULATED = {"MXFP8Tensor": (32, "MXFP8"), "NVFP4Tensor": (32, "NVFP4"), "Float8BlockwiseQTensor": (16, "FP8 block")}
 
 
-def _flat2d(shape):
-    """(rows, cols) of the SPEC's flattened view: last dim = cols, 0-d = 1x1."""
-    if len(shape) == 0:
-        return 1, 1
-    rows = 1
-    for s in shape[:-1]:
-        rows *= s
-    return rows, shape[-1]
+def _block_format(x):
+    """The registered block-format class of operand `x` (by its class's name, formats/base.py), or None. A block
+    format's GEMM runs natively where its `native_gemm` holds, elsewhere through the documented emulation (SPEC §6.7):
+    the copy §6.4 picks, dequantized on the device, then a plain GEMM."""
+    cls = TENSOR_CLASSES.get(type(x).__name__)
+    return cls if cls is not None and cls.gemm_k_multiple else None
 
 
 def _describe(x):
@@ -57,8 +51,9 @@ def _block_copies(A, transA, B, transB, layout):
     if ka != kb:
         raise TypeError(f"generic_gemm: A ({_describe(A)}) and B ({_describe(B)}) must use one scaling format "
                         f"(mixed operands are not supported); quantize both the same way")
-    mult, fmt = _EMULATED[ka]
-    a_rows, a_cols = _flat2d(tuple(A.shape))
+    cls = _block_format(A)
+    mult, fmt = cls.gemm_k_multiple, cls.gemm_format
+    a_rows, a_cols = _rows_cols(tuple(A.shape))
     m, k = (a_rows, a_cols) if transA else (a_cols, a_rows)
     if k % mult:
         raise ValueError(f"generic_gemm: {fmt} GEMM needs the contraction dim K to be a multiple of {mult}, got K={k} "
@@ -95,8 +90,6 @@ def _emulated_operands(copies):
     return out
 
 
-_SCALING = {"Float8BlockwiseQTensor": 4, "MXFP8Tensor": 2, "NVFP4Tensor": 3}  # te::GemmScaling codes
-_BLOCK_CLASSES = (Float8BlockwiseQTensor, MXFP8Tensor, NVFP4Tensor)
 _NVFP4_GLOBAL = 1.0 / (6.0 * 6.0 * 448.0 * 448.0)
 
 
@@ -129,30 +122,10 @@ def _native_operands(copies, transA, transB, alpha, beta):
     copies run as TN (their columnwise copies are stored transposed); MXFP8 copies keep the layout."""
     out, amaxes = [], []
     for i, (x, rowwise) in enumerate(copies):
-        kind = type(x).__name__
-        data = x._rowwise_data if rowwise else x._columnwise_data
-        sinv = x._rowwise_scale_inv if rowwise else x._columnwise_scale_inv
-        if kind == "MXFP8Tensor":
-            trans = transA if i == 0 else transB
-            data = data.reshape(_flat2d(tuple(data.shape)))
-            if not x._with_gemm_swizzled_scales:
-                sinv = swizzle_mx_scales(sinv, columnwise=not rowwise)
-            code = int(x._fp8_dtype)
-        else:
-            trans = i == 0
-            if rowwise or kind == "NVFP4Tensor":  # NVFP4's columnwise copy is 2-D [K, M/2] already
-                data = data.reshape(_flat2d(tuple(data.shape)))
-            else:  # FP8 block columnwise copy stored (K,) + shape[:-1]: rows = K of the logical tensor
-                data = data.reshape(data.shape[0], math.prod(data.shape[1:]))
-            if kind == "NVFP4Tensor":
-                if not x._with_gemm_swizzled_scales:
-                    sinv = swizzle_nvfp4_scales(sinv)
-                amaxes.append(x._amax_rowwise if rowwise else x._amax_columnwise)
-                code = int(DType.kFloat4E2M1)
-            else:
-                code = int(x._fp8_dtype)
-        scaling = 5 if getattr(x, "_is_2D_scaled", False) else _SCALING[kind]
-        out.append((data, sinv, code, trans, scaling))
+        out.append(x._native_gemm_operand(rowwise, transA if i == 0 else transB, i == 0))
+        amax = x._gemm_global_amax(rowwise)
+        if amax is not None:
+            amaxes.append(amax)
     alpha_beta = None
     if amaxes:
         a_prime = nvfp4_gemm_alpha(amaxes[0], amaxes[1], alpha)
@@ -195,10 +168,10 @@ def _operand(name, x, trans, layout):
 
 
 def _out_shape(A, transA, B, transB):
-    a_rows, a_cols = _flat2d(tuple(A.shape))
+    a_rows, a_cols = _rows_cols(tuple(A.shape))
     last = a_rows if transA else a_cols
     if transB:
-        return (_flat2d(tuple(B.shape))[1], last)
+        return (_rows_cols(tuple(B.shape))[1], last)
     return tuple(B.shape[:-1]) + (last,) if len(B.shape) else (1, last)
 
 
@@ -224,13 +197,14 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     alpha_beta = None
     if beta is None:
         beta = 1.0 if accumulate else 0.0
-    if type(A).__name__ in _EMULATED or type(B).__name__ in _EMULATED:
+    fmt = _block_format(A) or _block_format(B)
+    if fmt is not None:
         copies = _block_copies(A, transA, B, transB, layout)
-        kind = type(A).__name__
-        native = isinstance(A, _BLOCK_CLASSES) and A.device.type == "cuda" and _device.gemm_is_native(
-            kind, _device.cuda_index(A.device))
-        if native and kind == "NVFP4Tensor":  # cuBLASLt's NVFP4 GEMM writes bf16 or fp32 only
-            native = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype") in (torch.bfloat16, torch.float32)
+        # The name of the class, a plain constant, is what the device fact takes (it is traced: _device.py).
+        native = isinstance(A, fmt) and A.device.type == "cuda" and _device.gemm_is_native(
+            fmt.__name__, _device.cuda_index(A.device))
+        if native and fmt.gemm_native_out_dtypes is not None:
+            native = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype") in fmt.gemm_native_out_dtypes
         if native:
             (a, a_sinv, a_code, ta, a_scaling), (b, b_sinv, b_code, tb, b_scaling), alpha_beta = _native_operands(
                 copies, transA, transB, alpha, beta)
@@ -286,7 +260,7 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     else:
         if not isinstance(D, torch.Tensor):
             raise TypeError(f"generic_gemm: D must be a torch.Tensor, got {type(D).__name__}")
-        if tuple(D.shape) != tuple(out_shape) and D.numel() != _flat2d(out_shape)[0] * out_shape[-1]:
+        if tuple(D.shape) != tuple(out_shape) and D.numel() != _rows_cols(out_shape)[0] * out_shape[-1]:
             raise ValueError(f"generic_gemm: D has shape {list(D.shape)} but op(B)·op(A) {_where(A, B, layout)} has "
                              f"shape {list(out_shape)}")
         if D.dtype != out_dt:
@@ -329,8 +303,6 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
         if not quantizer.rowwise_usage and out._transpose is not None:
             out._data = None
     elif quantizer is not None:
-        from .cast import quantize
-
         out = quantize(d_buf, quantizer, D if isinstance(D, QuantizedTensor) else None)
     elif isinstance(D, QuantizedTensor):
         raise TypeError("generic_gemm: a quantized D needs the quantizer that fills it")
@@ -390,9 +362,9 @@ def te_general_grouped_gemm(A, transa, B, transb, D, D_type, m_splits, bias, bia
     if single_output:
         if D is None or len(D) != 1 or m_splits is None or len(m_splits) != n:
             raise ValueError("te_general_grouped_gemm: single_output needs one D and m_splits with one entry per GEMM")
-        if sum(m_splits) != _flat2d(tuple(D[0].shape))[0]:
+        if sum(m_splits) != _rows_cols(tuple(D[0].shape))[0]:
             raise ValueError(f"te_general_grouped_gemm: m_splits sum to {sum(m_splits)} but D[0] has "
-                             f"{_flat2d(tuple(D[0].shape))[0]} rows")
+                             f"{_rows_cols(tuple(D[0].shape))[0]} rows")
         d2 = D[0].reshape(-1, D[0].shape[-1])
         outs, off = [], 0
         for m in m_splits:

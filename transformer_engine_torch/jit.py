@@ -12,6 +12,7 @@ import contextlib
 import functools
 import inspect
 import os
+import types
 import warnings
 from typing import Callable, Optional, Tuple
 
@@ -19,13 +20,7 @@ import torch
 
 __all__ = [
     "jit_fuser", "dropout_fuser", "lazy_compile", "no_torch_dynamo", "set_jit_fusion_options",
-    "gelu_fused_", "bias_gelu_fused_", "dgelu_fused_", "bgrad_dgelu_fused_", "bias_gelu_fused", "bgrad_dgelu_fused",
-    "silu_fused_", "bias_silu_fused_", "dsilu_fused_", "bgrad_dsilu_fused_", "bias_silu_fused", "bgrad_dsilu_fused",
-    "relu_fused_", "bias_relu_fused_", "drelu_fused_", "bgrad_drelu_fused_", "bias_relu_fused", "bgrad_drelu_fused",
-    "qgelu_fused_", "bias_qgelu_fused_", "dqgelu_fused_", "bgrad_dqgelu_fused_", "bias_qgelu_fused",
-    "bgrad_dqgelu_fused",
-    "srelu_fused_", "bias_srelu_fused_", "dsrelu_fused_", "bgrad_dsrelu_fused_", "bias_srelu_fused",
-    "bgrad_dsrelu_fused",
+    # then the bias-activation helpers, six per row of _BIAS_ACTIVATIONS (gelu, silu, relu, qgelu, srelu), below
     "l2normalization_fused_", "l2normalization_fwd_fused_", "l2normalization_backward_fused_",
     "l2normalization_fused", "l2normalization_fwd_fused", "l2normalization_backward_fused",
     "bias_dropout_add", "get_bias_dropout_add", "bias_dropout_add_fused_train_",
@@ -137,17 +132,8 @@ def _has_bias(bias) -> bool:
     return bias is not None and bias.numel() > 0
 
 
-# ---- activations: act(x), act'(x) as in SPEC §3.2, in the input dtype ----------------------------------------
-# GELU (tanh approximation).
-@jit_fuser
-def gelu_fused_(inp: torch.Tensor) -> torch.Tensor:
-    x = inp
-    return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1.0 + 0.044715 * x * x)))
-
-
-@jit_fuser
-def bias_gelu_fused_(inp: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    x = inp + bias
+# ---- activations: act(x) and act'(x)·grad as in SPEC §3.2, in the input dtype -------------------------------------
+def _gelu(x):  # tanh approximation
     return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1.0 + 0.044715 * x * x)))
 
 
@@ -157,18 +143,6 @@ def _dgelu(grad, x):
     return ff * grad
 
 
-@jit_fuser
-def dgelu_fused_(grad: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
-    return _dgelu(grad, inp)
-
-
-@jit_fuser
-def bgrad_dgelu_fused_(grad: torch.Tensor, inp: torch.Tensor, bias: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    dg = _dgelu(grad, inp + bias)
-    return dg.sum(dim=0), dg
-
-
-# SiLU.
 def _silu(x):
     return x * torch.sigmoid(x)
 
@@ -178,55 +152,11 @@ def _dsilu(grad, x):
     return (x * s * (1.0 - s) + s) * grad
 
 
-@jit_fuser
-def silu_fused_(inp: torch.Tensor) -> torch.Tensor:
-    return _silu(inp)
-
-
-@jit_fuser
-def bias_silu_fused_(inp: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return _silu(inp + bias)
-
-
-@jit_fuser
-def dsilu_fused_(grad: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
-    return _dsilu(grad, inp)
-
-
-@jit_fuser
-def bgrad_dsilu_fused_(grad: torch.Tensor, inp: torch.Tensor, bias: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    dg = _dsilu(grad, inp + bias)
-    return dg.sum(dim=0), dg
-
-
-# ReLU.
 def _drelu(grad, x):
     return torch.where(x > 0, grad, torch.zeros_like(grad))
 
 
-@jit_fuser
-def relu_fused_(inp: torch.Tensor) -> torch.Tensor:
-    return torch.relu(inp)
-
-
-@jit_fuser
-def bias_relu_fused_(inp: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return torch.relu(inp + bias)
-
-
-@jit_fuser
-def drelu_fused_(grad: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
-    return _drelu(grad, inp)
-
-
-@jit_fuser
-def bgrad_drelu_fused_(grad: torch.Tensor, inp: torch.Tensor, bias: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    dg = _drelu(grad, inp + bias)
-    return dg.sum(dim=0), dg
-
-
-# Quick GELU: x·σ(1.702x).
-def _qgelu(x):
+def _qgelu(x):  # quick GELU: x·σ(1.702x)
     return x * torch.sigmoid(1.702 * x)
 
 
@@ -235,29 +165,7 @@ def _dqgelu(grad, x):
     return (1.702 * x * s * (1.0 - s) + s) * grad
 
 
-@jit_fuser
-def qgelu_fused_(inp: torch.Tensor) -> torch.Tensor:
-    return _qgelu(inp)
-
-
-@jit_fuser
-def bias_qgelu_fused_(inp: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return _qgelu(inp + bias)
-
-
-@jit_fuser
-def dqgelu_fused_(grad: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
-    return _dqgelu(grad, inp)
-
-
-@jit_fuser
-def bgrad_dqgelu_fused_(grad: torch.Tensor, inp: torch.Tensor, bias: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    dg = _dqgelu(grad, inp + bias)
-    return dg.sum(dim=0), dg
-
-
-# Squared ReLU.
-def _srelu(x):
+def _srelu(x):  # squared ReLU
     r = torch.relu(x)
     return r * r
 
@@ -266,28 +174,44 @@ def _dsrelu(grad, x):
     return torch.relu(2.0 * x) * grad
 
 
-@jit_fuser
-def srelu_fused_(inp: torch.Tensor) -> torch.Tensor:
-    return _srelu(inp)
+# (name, act, act'·grad): each row gives six helpers, the fused kernels `<name>_fused_(inp)`,
+# `bias_<name>_fused_(inp, bias)`, `d<name>_fused_(grad, inp)`, `bgrad_d<name>_fused_(grad, inp, bias)` and the
+# public wrappers `bias_<name>_fused(inp, bias)`, `bgrad_d<name>_fused(grad, inp, bias)`.
+_BIAS_ACTIVATIONS = (("gelu", _gelu, _dgelu), ("silu", _silu, _dsilu), ("relu", torch.relu, _drelu),
+                     ("qgelu", _qgelu, _dqgelu), ("srelu", _srelu, _dsrelu))
 
 
-@jit_fuser
-def bias_srelu_fused_(inp: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return _srelu(inp + bias)
+def _own_code(fn: Callable, name: str) -> Callable:
+    """`fn` as a function named `name` with a code object of its own. Dynamo keeps compiled graphs, and counts
+    recompilations against its limit, per code object: the helpers made from one template would share one, and
+    five activations times the dtypes would exhaust the limit, where written-out functions each have their own."""
+    code = fn.__code__.replace(co_name=name, co_qualname=name)
+    out = types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    out.__qualname__, out.__doc__, out.__annotations__ = name, fn.__doc__, dict(fn.__annotations__)
+    return out
 
 
-@jit_fuser
-def dsrelu_fused_(grad: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
-    return _dsrelu(grad, inp)
+def _make_bias_activation(name: str, act: Callable, dact: Callable) -> dict:
+    """The six helpers of one activation, by name."""
 
+    def act_(inp: torch.Tensor) -> torch.Tensor:
+        return act(inp)
 
-@jit_fuser
-def bgrad_dsrelu_fused_(grad: torch.Tensor, inp: torch.Tensor, bias: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    dg = _dsrelu(grad, inp + bias)
-    return dg.sum(dim=0), dg
+    def bias_act_(inp: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return act(inp + bias)
 
+    def dact_(grad: torch.Tensor, inp: torch.Tensor) -> torch.Tensor:
+        return dact(grad, inp)
 
-def _make_dispatch(name, act_, bias_act_, dact_, bgrad_dact_):
+    def bgrad_dact_(grad: torch.Tensor, inp: torch.Tensor, bias: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        dg = dact(grad, inp + bias)
+        return dg.sum(dim=0), dg
+
+    fused = {f"{name}_fused_": act_, f"bias_{name}_fused_": bias_act_, f"d{name}_fused_": dact_,
+             f"bgrad_d{name}_fused_": bgrad_dact_}
+    fused = {n: jit_fuser(_own_code(f, n)) for n, f in fused.items()}
+    act_, bias_act_, dact_, bgrad_dact_ = fused.values()
+
     def bias_act(inp: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         with _no_cuda_autocast():
             return bias_act_(inp, bias) if _has_bias(bias) else act_(inp)
@@ -303,19 +227,15 @@ def _make_dispatch(name, act_, bias_act_, dact_, bgrad_dact_):
     bgrad_dact.__name__ = bgrad_dact.__qualname__ = f"bgrad_d{name}_fused"
     bgrad_dact.__doc__ = (f"(bias_grad, d{name}(inp + bias)·grad); (None, d{name}(inp)·grad) when bias is None or "
                           f"empty. bias_grad sums over dim 0.")
-    return bias_act, bgrad_dact
+    return {**fused, bias_act.__name__: bias_act, bgrad_dact.__name__: bgrad_dact}
 
 
-bias_gelu_fused, bgrad_dgelu_fused = _make_dispatch("gelu", gelu_fused_, bias_gelu_fused_, dgelu_fused_,
-                                                    bgrad_dgelu_fused_)
-bias_silu_fused, bgrad_dsilu_fused = _make_dispatch("silu", silu_fused_, bias_silu_fused_, dsilu_fused_,
-                                                    bgrad_dsilu_fused_)
-bias_relu_fused, bgrad_drelu_fused = _make_dispatch("relu", relu_fused_, bias_relu_fused_, drelu_fused_,
-                                                    bgrad_drelu_fused_)
-bias_qgelu_fused, bgrad_dqgelu_fused = _make_dispatch("qgelu", qgelu_fused_, bias_qgelu_fused_, dqgelu_fused_,
-                                                      bgrad_dqgelu_fused_)
-bias_srelu_fused, bgrad_dsrelu_fused = _make_dispatch("srelu", srelu_fused_, bias_srelu_fused_, dsrelu_fused_,
-                                                      bgrad_dsrelu_fused_)
+_BIAS_ACTIVATION_HELPERS = {}
+for _row in _BIAS_ACTIVATIONS:
+    _BIAS_ACTIVATION_HELPERS.update(_make_bias_activation(*_row))
+globals().update(_BIAS_ACTIVATION_HELPERS)
+__all__ += list(_BIAS_ACTIVATION_HELPERS)
+del _row
 
 
 # ---- L2 normalization over the last dim, in FP32 ----------------------------------------------------------------

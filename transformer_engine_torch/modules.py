@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from . import activations as _act
+from ._activation_table import ACTIVATIONS as _ACTIVATION_TABLE
+from .cast import bgrad_quantize
 from .enums import FP8BwdTensors, FP8FwdTensors
 from .gemm import generic_gemm
 from .recipe import (DelayedScaling, DelayedScalingState, build_quantizer, get_amax_reduction_group, get_fp8_recipe,
@@ -40,21 +42,8 @@ from .recipe import (DelayedScaling, DelayedScalingState, build_quantizer, get_a
 
 __all__ = ["Linear", "MLP", "ACTIVATIONS", "init_fp8_state"]
 
-# name -> (forward, backward, fused dbias+backward or None, gated)
-ACTIVATIONS = {
-    "gelu": ("gelu", "dgelu", "dbias_dgelu", False),
-    "qgelu": ("qgelu", "dqgelu", "dbias_dqgelu", False),
-    "relu": ("relu", "drelu", "dbias_drelu", False),
-    "srelu": ("srelu", "dsrelu", "dbias_dsrelu", False),
-    "silu": ("silu", "dsilu", "dbias_dsilu", False),
-    "geglu": ("geglu", "dgeglu", None, True),
-    "qgeglu": ("qgeglu", "dqgeglu", None, True),
-    "reglu": ("reglu", "dreglu", None, True),
-    "sreglu": ("sreglu", "dsreglu", None, True),
-    "swiglu": ("swiglu", "dswiglu", None, True),
-    "glu": ("glu", "dglu", None, True),
-    "clamped_swiglu": ("clamped_swiglu", "clamped_dswiglu", None, True),
-}
+# name -> (forward, backward, fused dbias+backward or None, gated), from the activation table.
+ACTIVATIONS = {a.name: (a.name, a.backward, a.dbias_backward, a.gated) for a in _ACTIVATION_TABLE}
 
 
 def _activation_dtype(x: torch.Tensor) -> torch.dtype:
@@ -229,8 +218,6 @@ class _LinearFn(torch.autograd.Function):
             dy2 = dy2.to(act_dtype)
         dy2 = dy2.contiguous()
         qg = build_quantizer(cfg_g, need_dgrad, need_wgrad, *_slot(bs, bh, FP8BwdTensors.GRAD_OUTPUT1))
-        from .cast import bgrad_quantize
-
         db = None
         if need_bgrad:
             db, dy_q = bgrad_quantize(dy2, qg)
@@ -342,8 +329,6 @@ class _MLPFn(torch.autograd.Function):
         g = ctx.needs_input_grad
         need_dx, need_w1, need_b1, need_w2, need_b2 = g[:5]
         _, act_bwd, act_dbias, _ = ACTIVATIONS[activation]
-        from .cast import bgrad_quantize
-
         dy2 = dy.reshape(-1, dy.shape[-1])
         if dy2.dtype != act_dtype:
             dy2 = dy2.to(act_dtype)

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from . import _device
-from . import quantizers as _quantizers
+from . import formats as _formats
 from .dtypes import DType
 
 __all__ = ["Format", "Recipe", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling",
@@ -194,7 +194,7 @@ class NVFP4BlockScaling(Recipe):
         self.fp8_format = fp8_format
 
     def check_available(self):
-        if getattr(_quantizers, "NVFP4Quantizer", None) is None:
+        if getattr(_formats, "NVFP4Quantizer", None) is None:
             raise NotImplementedError("NVFP4BlockScaling: this build has no tex.NVFP4Quantizer yet, so layers cannot "
                                       "run in NVFP4; use Float8CurrentScaling, DelayedScaling or MXFP8BlockScaling")
 
@@ -222,7 +222,7 @@ class Float8BlockScaling(Recipe):
         self.force_pow_2_scales = not _env_flag("NVTE_FP8_BLOCK_SCALING_FP32_SCALES")
 
     def check_available(self):
-        if getattr(_quantizers, "Float8BlockQuantizer", None) is None:
+        if getattr(_formats, "Float8BlockQuantizer", None) is None:
             raise NotImplementedError("Float8BlockScaling: this build has no tex.Float8BlockQuantizer yet, so layers "
                                       "cannot run with FP8 block scaling; use Float8CurrentScaling, DelayedScaling "
                                       "or MXFP8BlockScaling")
@@ -240,22 +240,22 @@ def build_quantizer(cfg: tuple, rowwise: bool, columnwise: bool, scale=None, ama
     if kind == "delayed":
         # The recipe's scales stay finite (SPEC §4.3 keeps the old scale for a non-finite amax, an Inf result becomes
         # FLT_MAX): no per-step read of the scale, which on CUDA would be a device sync.
-        return _quantizers.Float8Quantizer(scale, amax, cfg[1], rowwise=rowwise, columnwise=columnwise,
+        return _formats.Float8Quantizer(scale, amax, cfg[1], rowwise=rowwise, columnwise=columnwise,
                                            _check_scale=False)
     if kind == "current":
-        return _quantizers.Float8CurrentScalingQuantizer(cfg[1], rowwise=rowwise, columnwise=columnwise,
+        return _formats.Float8CurrentScalingQuantizer(cfg[1], rowwise=rowwise, columnwise=columnwise,
                                                          force_pow_2_scales=cfg[2])
     if kind == "mxfp8":
-        return _quantizers.MXFP8Quantizer(cfg[1], rowwise=rowwise, columnwise=columnwise)
+        return _formats.MXFP8Quantizer(cfg[1], rowwise=rowwise, columnwise=columnwise)
     if kind == "nvfp4":
-        cls = getattr(_quantizers, "NVFP4Quantizer", None)
+        cls = getattr(_formats, "NVFP4Quantizer", None)
         if cls is None:
             NVFP4BlockScaling().check_available()
         _, rht, sr, two_d = cfg
         return cls(rowwise=rowwise, columnwise=columnwise, with_rht=rht, with_post_rht_amax=rht,
                    with_2d_quantization=two_d, stochastic_rounding=sr)
     if kind == "block":
-        cls = getattr(_quantizers, "Float8BlockQuantizer", None)
+        cls = getattr(_formats, "Float8BlockQuantizer", None)
         if cls is None:
             Float8BlockScaling().check_available()
         _, dtype, pow2, dim = cfg
@@ -316,15 +316,11 @@ def _update_unfused(buffer, history, scale, recipe, fp8_dtype):
 
 
 # ---- does the device have the recipe's GEMM? (SPEC §6.6) ------------------------------------------------------------
-# The quantized-tensor class each recipe's GEMMs take, and the format's name in messages.
-_GEMM_OPERAND = ((DelayedScaling, "Float8Tensor", "FP8 per-tensor"),
-                 (Float8CurrentScaling, "Float8Tensor", "FP8 per-tensor"),
-                 (MXFP8BlockScaling, "MXFP8Tensor", "MXFP8"), (NVFP4BlockScaling, "NVFP4Tensor", "NVFP4"),
-                 (Float8BlockScaling, "Float8BlockwiseQTensor", "FP8 block"))
-# Where each block format has a native cuBLASLt GEMM (_device.native_gemm_formats), for messages.
-_NATIVE_WHERE = {"MXFP8Tensor": "sm_100/sm_110 with cuBLASLt >= 12.8",
-                 "NVFP4Tensor": "sm_100/sm_110 with cuBLASLt >= 12.8",
-                 "Float8BlockwiseQTensor": "sm_90 with cuBLASLt >= 12.9"}
+# The quantized-tensor class each recipe's GEMMs take (its `gemm_format` names it in messages, its `native_gemm` says
+# where cuBLASLt runs it natively).
+_GEMM_OPERAND = ((DelayedScaling, _formats.Float8Tensor), (Float8CurrentScaling, _formats.Float8Tensor),
+                 (MXFP8BlockScaling, _formats.MXFP8Tensor), (NVFP4BlockScaling, _formats.NVFP4Tensor),
+                 (Float8BlockScaling, _formats.Float8BlockwiseQTensor))
 _EMULATION_GPU = ("GEMMs emulated: dequantize to bf16, then a bf16 GEMM (SPEC §6.7): portable, at bf16 speed, with two "
                   "bf16 temporaries per GEMM")
 _EMULATION_CPU = ("GEMMs emulated: dequantize exactly to FP32, then an FP32 GEMM with FP64 accumulation (SPEC §6.7): a "
@@ -343,27 +339,27 @@ def _autocast_device() -> torch.device:
 def _gemm_support(recipe_cls: type, device: torch.device) -> Optional[tuple]:
     """("native" | "emulated" | "none", why) for the GEMMs of recipe class `recipe_cls` on `device` (SPEC §6.6); None
     for a recipe class this table does not know."""
-    operand = next(((cls, fmt) for r, cls, fmt in _GEMM_OPERAND if issubclass(recipe_cls, r)), None)
-    if operand is None:
+    cls = next((cls for r, cls in _GEMM_OPERAND if issubclass(recipe_cls, r)), None)
+    if cls is None:
         return None
-    cls, fmt = operand
+    fmt = cls.gemm_format
     if device.type != "cuda":
         return "emulated", f"no native {fmt} GEMM on the CPU"
     index = _device.cuda_index(device)
     cap = tuple(_device.capability(index))
-    if cls == "Float8Tensor":
+    if cls.native_gemm is None:  # per-tensor FP8: native from sm_89 on, never emulated
         if cap >= (8, 9):
             return "native", ""
         return "none", ("FP8 per-tensor GEMMs need FP8 tensor cores (sm_89 or newer) and are not emulated on GPUs; keep "
                         "these layers in bf16 (tex.autocast(enabled=False)), or use MXFP8BlockScaling, whose GEMMs are "
                         "emulated in bf16")
-    if cls in _device.native_gemm_formats(index):
+    if _device.gemm_is_native(cls.__name__, index):
         return "native", ""
     if cap < (8, 0):
         return "none", (f"no native {fmt} GEMM, and the emulation's bf16 GEMM needs sm_80 or newer; keep these layers "
                         f"in bf16 (tex.autocast(enabled=False))")
     version = _device.cublaslt_version()
-    return "emulated", (f"a native {fmt} GEMM needs {_NATIVE_WHERE[cls]} (this is cuBLASLt {version // 10000}."
+    return "emulated", (f"a native {fmt} GEMM needs {cls.native_gemm.where()} (this is cuBLASLt {version // 10000}."
                         f"{version // 100 % 100})")
 
 
@@ -382,7 +378,7 @@ def _check_gemm_support(recipe_cls: type) -> bool:
     if support is None:
         return True
     status, why = support
-    fmt = next(f for r, _, f in _GEMM_OPERAND if issubclass(recipe_cls, r))
+    fmt = next(cls for r, cls in _GEMM_OPERAND if issubclass(recipe_cls, r)).gemm_format
     if status == "none":
         raise NotImplementedError(f"autocast: {recipe_cls.__name__} has no {fmt} GEMM on {arch}: {why}")
     _SUPPORT_CHECKED.add(key)

@@ -264,7 +264,7 @@ def test_dequantize_helpers_make_no_host_tensor():
     """A host tensor copied to the device is an error inside a CUDA graph capture. The NVFP4 decode table and the
     Hadamard matrix are built on the target device (meta here: any CPU tensor among the ops' outputs is a host
     copy waiting to happen), and equal the values SPEC §4.6 spells out."""
-    from transformer_engine_torch.tensors import _e2m1_values, e2m1_unpack, rht_matrix
+    from transformer_engine_torch.formats.nvfp4 import _e2m1_values, e2m1_unpack, rht_matrix
 
     log = _DeviceLog()
     with log:

@@ -326,7 +326,7 @@ def check_nvfp4_against_te_formula(kind, dtype, x, r, d32, what):
 def test_nvfp4_decode_factor_rule():
     """nvfp4_decode_factors against the reference over every E4M3 scale and amaxes across the cases: TE's bits in
     the regular range, the quantizer's reciprocal outside it; never Inf or NaN, and 6 * D never overflows."""
-    from transformer_engine_torch.tensors import nvfp4_decode_factors
+    from transformer_engine_torch.formats.nvfp4 import nvfp4_decode_factors
     sf = ref.fp8_decode(torch.arange(0, 0x7F, dtype=torch.uint8), "e4m3").reshape(1, -1)   # 0 .. 448
     flt_max = torch.finfo(F32).max
     amaxes = [0.0, 1e-45, 1e-40, 1.1754942e-38, 5e-36, 7.9e-36, 1e-35, 1e-33, 4e-33, 1.0, 3.0, 65504.0, 7.5e35,
