@@ -59,11 +59,9 @@ struct ActGeometry {
 // The function the user called, for messages: "geglu (te::act)", "dbias_dgelu (te::dbias_dact)"; the op's own
 // name for the plain casts (quantize, bgrad_quantize, quantize_into). Only error paths call it.
 std::string op_name(const ActRequest& r) {
-  static const char* const kNames[] = {"gelu", "geglu", "glu", "silu", "swiglu", "relu",
-                                       "reglu", "qgelu", "qgeglu", "srelu", "sreglu", "clamped_swiglu"};
-  const int code = int(r.kind);
-  if (code < 0 || code >= int(sizeof(kNames) / sizeof(kNames[0]))) return r.op;
-  std::string name = kNames[code];
+  const char* const table_name = te::act_name(r.kind);  // the activation table's (act_functors.h)
+  if (table_name == nullptr || r.kind == te::ActKind::kIdentity) return r.op;
+  std::string name = table_name;
   if (r.backward) {
     name = r.kind == te::ActKind::kClampedSwiglu ? "clamped_dswiglu" : (r.with_dbias ? "dbias_d" : "d") + name;
   }

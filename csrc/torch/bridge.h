@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "../core/activation.h"
-#include "../core/quantize_fp8_block.h"
-#include "../core/quantize_mxfp8.h"
-#include "../core/quantize_nvfp4.h"
+#include "../core/act/activation.h"
+#include "../core/fp8_block/quantize_fp8_block.h"
+#include "../core/mxfp8/quantize_mxfp8.h"
+#include "../core/nvfp4/quantize_nvfp4.h"
 
 #if defined(TE_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>

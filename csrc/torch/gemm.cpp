@@ -4,7 +4,7 @@
 // formats, the arch and the rule (SPEC §1.5, §6.5).
 #include <limits>
 
-#include "../core/gemm.h"
+#include "../core/gemm/gemm.h"
 #include "bridge.h"
 
 namespace te_torch {
