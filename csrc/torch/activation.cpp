@@ -670,7 +670,7 @@ void compute_amax(const Tensor& x, const Tensor& amax) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(te, CPU, m) {
+static void activation_impls(torch::Library& m) {
   m.impl("act", &act);
   m.impl("dact", &dact);
   m.impl("act_quantize", &act_quantize);
@@ -681,19 +681,6 @@ TORCH_LIBRARY_IMPL(te, CPU, m) {
   m.impl("bgrad_quantize", &bgrad_quantize);
   m.impl("compute_amax", &compute_amax);
 }
-
-#if defined(TE_WITH_CUDA)
-TORCH_LIBRARY_IMPL(te, CUDA, m) {
-  m.impl("act", &act);
-  m.impl("dact", &dact);
-  m.impl("act_quantize", &act_quantize);
-  m.impl("dact_quantize", &dact_quantize);
-  m.impl("dbias_dact", &dbias_dact);
-  m.impl("quantize", &quantize);
-  m.impl("quantize_into", &quantize_into);
-  m.impl("bgrad_quantize", &bgrad_quantize);
-  m.impl("compute_amax", &compute_amax);
-}
-#endif
+TE_IMPL_CPU_AND_CUDA(activation_impls)
 
 }  // namespace te_torch

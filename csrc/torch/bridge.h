@@ -20,6 +20,17 @@
 #include <c10/cuda/CUDAGuard.h>
 #endif
 
+// Registers one op file's kernels for CPU and, in a CUDA build, for CUDA (the same functions serve both: the core
+// launch helpers below pick the device from the tensors). `register_fn(torch::Library& m)` lists the file's ops once;
+// TE_IMPL_CPU_AND_CUDA(register_fn) at namespace scope replaces the twin TORCH_LIBRARY_IMPL blocks.
+#if defined(TE_WITH_CUDA)
+#define TE_IMPL_CPU_AND_CUDA(register_fn)                   \
+  TORCH_LIBRARY_IMPL(te, CPU, m) { register_fn(m); }        \
+  TORCH_LIBRARY_IMPL(te, CUDA, m) { register_fn(m); }
+#else
+#define TE_IMPL_CPU_AND_CUDA(register_fn) TORCH_LIBRARY_IMPL(te, CPU, m) { register_fn(m); }
+#endif
+
 namespace te_torch {
 
 using at::Tensor;

@@ -459,11 +459,8 @@ int64_t cublaslt_version() {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(te, CPU, m) { m.impl("gemm", &gemm); }
-
-#if defined(TE_WITH_CUDA)
-TORCH_LIBRARY_IMPL(te, CUDA, m) { m.impl("gemm", &gemm); }
-#endif
+static void gemm_impls(torch::Library& m) { m.impl("gemm", &gemm); }
+TE_IMPL_CPU_AND_CUDA(gemm_impls)
 
 // No tensor arguments: one kernel for every dispatch key.
 TORCH_LIBRARY_IMPL(te, CompositeImplicitAutograd, m) { m.impl("cublaslt_version", &cublaslt_version); }
