@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def sources(pattern):
-    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, pattern)))
+    return sorted(os.path.relpath(p, HERE) for p in glob.glob(os.path.join(HERE, pattern), recursive=True))
 
 
 def with_cuda():
@@ -29,7 +29,7 @@ def with_cuda():
 debug = os.environ.get("TE_DEBUG", "0") == "1"
 opt = ["-O0", "-g"] if debug else ["-O3"]
 cxx_flags = opt + ["-ffp-contract=off", "-fno-fast-math"]
-srcs = sources("csrc/core/*.cpp") + sources("csrc/torch/*.cpp")
+srcs = sources("csrc/core/**/*.cpp") + sources("csrc/torch/*.cpp")
 os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
 
 if with_cuda():
@@ -43,9 +43,9 @@ if with_cuda():
     ]
     ext = cpp_extension.CUDAExtension(
         "transformer_engine_torch._C",
-        srcs + sources("csrc/core/*.cu"),
+        srcs + sources("csrc/core/**/*.cu"),
         extra_compile_args={"cxx": cxx_flags + ["-DTE_WITH_CUDA"], "nvcc": nvcc_flags},
-        libraries=["cublasLt"],  # the GEMM wrapper (csrc/core/cublaslt_gemm.cu); the CPU-only build needs none
+        libraries=["cublasLt"],  # the GEMM wrapper (csrc/core/gemm/cublaslt_gemm.cu); the CPU-only build needs none
     )
 else:
     ext = cpp_extension.CppExtension(

@@ -59,11 +59,9 @@ struct ActGeometry {
 // The function the user called, for messages: "geglu (te::act)", "dbias_dgelu (te::dbias_dact)"; the op's own
 // name for the plain casts (quantize, bgrad_quantize, quantize_into). Only error paths call it.
 std::string op_name(const ActRequest& r) {
-  static const char* const kNames[] = {"gelu", "geglu", "glu", "silu", "swiglu", "relu",
-                                       "reglu", "qgelu", "qgeglu", "srelu", "sreglu", "clamped_swiglu"};
-  const int code = int(r.kind);
-  if (code < 0 || code >= int(sizeof(kNames) / sizeof(kNames[0]))) return r.op;
-  std::string name = kNames[code];
+  const char* const table_name = te::act_name(r.kind);  // the activation table's (act_functors.h)
+  if (table_name == nullptr || r.kind == te::ActKind::kIdentity) return r.op;
+  std::string name = table_name;
   if (r.backward) {
     name = r.kind == te::ActKind::kClampedSwiglu ? "clamped_dswiglu" : (r.with_dbias ? "dbias_d" : "d") + name;
   }
@@ -672,7 +670,7 @@ void compute_amax(const Tensor& x, const Tensor& amax) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(te, CPU, m) {
+static void activation_impls(torch::Library& m) {
   m.impl("act", &act);
   m.impl("dact", &dact);
   m.impl("act_quantize", &act_quantize);
@@ -683,19 +681,6 @@ TORCH_LIBRARY_IMPL(te, CPU, m) {
   m.impl("bgrad_quantize", &bgrad_quantize);
   m.impl("compute_amax", &compute_amax);
 }
-
-#if defined(TE_WITH_CUDA)
-TORCH_LIBRARY_IMPL(te, CUDA, m) {
-  m.impl("act", &act);
-  m.impl("dact", &dact);
-  m.impl("act_quantize", &act_quantize);
-  m.impl("dact_quantize", &dact_quantize);
-  m.impl("dbias_dact", &dbias_dact);
-  m.impl("quantize", &quantize);
-  m.impl("quantize_into", &quantize_into);
-  m.impl("bgrad_quantize", &bgrad_quantize);
-  m.impl("compute_amax", &compute_amax);
-}
-#endif
+TE_IMPL_CPU_AND_CUDA(activation_impls)
 
 }  // namespace te_torch

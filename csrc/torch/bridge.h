@@ -10,14 +10,25 @@
 #include <string>
 #include <vector>
 
-#include "../core/activation.h"
-#include "../core/quantize_fp8_block.h"
-#include "../core/quantize_mxfp8.h"
-#include "../core/quantize_nvfp4.h"
+#include "../core/act/activation.h"
+#include "../core/fp8_block/quantize_fp8_block.h"
+#include "../core/mxfp8/quantize_mxfp8.h"
+#include "../core/nvfp4/quantize_nvfp4.h"
 
 #if defined(TE_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#endif
+
+// Registers one op file's kernels for CPU and, in a CUDA build, for CUDA (the same functions serve both: the core
+// launch helpers below pick the device from the tensors). `register_fn(torch::Library& m)` lists the file's ops once;
+// TE_IMPL_CPU_AND_CUDA(register_fn) at namespace scope replaces the twin TORCH_LIBRARY_IMPL blocks.
+#if defined(TE_WITH_CUDA)
+#define TE_IMPL_CPU_AND_CUDA(register_fn)                   \
+  TORCH_LIBRARY_IMPL(te, CPU, m) { register_fn(m); }        \
+  TORCH_LIBRARY_IMPL(te, CUDA, m) { register_fn(m); }
+#else
+#define TE_IMPL_CPU_AND_CUDA(register_fn) TORCH_LIBRARY_IMPL(te, CPU, m) { register_fn(m); }
 #endif
 
 namespace te_torch {

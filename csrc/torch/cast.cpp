@@ -128,20 +128,12 @@ void fused_amax_and_scale_update(const c10::optional<Tensor>& reduction_buffer, 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(te, CPU, m) {
+static void cast_impls(torch::Library& m) {
   m.impl("dequantize_fp8", &dequantize_fp8);
   m.impl("fp8_transpose", &fp8_transpose);
   m.impl("fp8_transpose_into", &fp8_transpose_into);
   m.impl("fused_amax_and_scale_update", &fused_amax_and_scale_update);
 }
-
-#if defined(TE_WITH_CUDA)
-TORCH_LIBRARY_IMPL(te, CUDA, m) {
-  m.impl("dequantize_fp8", &dequantize_fp8);
-  m.impl("fp8_transpose", &fp8_transpose);
-  m.impl("fp8_transpose_into", &fp8_transpose_into);
-  m.impl("fused_amax_and_scale_update", &fused_amax_and_scale_update);
-}
-#endif
+TE_IMPL_CPU_AND_CUDA(cast_impls)
 
 }  // namespace te_torch

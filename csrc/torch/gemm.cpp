@@ -4,7 +4,7 @@
 // formats, the arch and the rule (SPEC §1.5, §6.5).
 #include <limits>
 
-#include "../core/gemm.h"
+#include "../core/gemm/gemm.h"
 #include "bridge.h"
 
 namespace te_torch {
@@ -459,11 +459,8 @@ int64_t cublaslt_version() {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(te, CPU, m) { m.impl("gemm", &gemm); }
-
-#if defined(TE_WITH_CUDA)
-TORCH_LIBRARY_IMPL(te, CUDA, m) { m.impl("gemm", &gemm); }
-#endif
+static void gemm_impls(torch::Library& m) { m.impl("gemm", &gemm); }
+TE_IMPL_CPU_AND_CUDA(gemm_impls)
 
 // No tensor arguments: one kernel for every dispatch key.
 TORCH_LIBRARY_IMPL(te, CompositeImplicitAutograd, m) { m.impl("cublaslt_version", &cublaslt_version); }

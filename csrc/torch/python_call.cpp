@@ -20,7 +20,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include "../core/gemm.h"
+#include "../core/gemm/gemm.h"
 
 #include <memory>
 #include <optional>

@@ -1,0 +1,174 @@
+// Kernel-level API of the activation / cast family: one params struct passed by value, launchers for CPU and
+// CUDA, all instantiated from the functors of act_functors.h. The same kernels serve plain casts (kIdentity),
+// activations (forward) and their derivatives (backward), each writing either the input dtype or FP8 codes.
+//
+// Shapes (row-major, flattened to 2-D): `cols` counts positions per row: K for unary ops, H for gated ones.
+//   x     [rows, K] or [rows, 2H]              input dtype (a = first half, b = second half when gated)
+//   grad  [rows, K] or [rows, H]               input dtype (backward only)
+//   out   [rows, out_cols]                     input dtype (plain) or uint8 FP8 codes
+//   out_t [out_cols, rows]                     uint8 FP8 codes, the transposed copy (optional)
+// out_cols = 2H for gated backward ([d_a | d_b]), else `cols`.
+#pragma once
+
+#include <functional>
+
+#include "act_functors.h"
+#include "../common/formats.h"
+#include "../common/scaling.h"
+
+#if defined(TE_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace te {
+
+// What the kernel writes. kAmaxOnly is the first pass of current scaling: amax of the unrounded FP32 values,
+// no output. kCurrent reads that amax from `amax`, derives the scale (SPEC §4.4) and rounds the value to the
+// input dtype before scaling; kDelayed scales the unrounded value and max-accumulates into `amax`.
+// kNvfp4 (CUDA only, aligned rows, no dbias; SPEC §5.1 FUSED_ACTIVATION_AMAX_NVFP4 without RHT, SR or 2-D tiles):
+// the values rnd_in(act) as NVFP4 with the global amax of a previous kAmaxOnly pass; `out` holds the packed
+// rowwise codes [rows, out_cols/2], `out_t` the packed transposed codes [out_cols, rows/2] (rows % 16 == 0).
+enum class ScaleMode : int { kPlain = 0, kDelayed = 1, kCurrent = 2, kAmaxOnly = 3, kNvfp4 = 4 };
+
+struct ActKernelParams {
+  const void* x = nullptr;
+  const void* grad = nullptr;
+  void* out = nullptr;
+  uint8_t* out_t = nullptr;
+  const float* scale = nullptr;     // [1] delayed scaling
+  float* amax = nullptr;            // [1] delayed: accumulated; current: written by kAmaxOnly, read by kCurrent
+  float* scale_inv = nullptr;       // [1] written as fl(1/scale) by FP8 modes
+  const float* noop = nullptr;      // [1] optional: 1.0 means write nothing
+  float* dbias_partial = nullptr;   // [act_dbias_blocks(rows, cols), out_cols] FP32 column sums of the values
+  // Current scaling in one call (ScaleMode::kCurrent with amax_in_call): the launcher takes the amax itself and
+  // writes it to `amax`, which need not be zeroed. On CUDA in one cooperative launch when the tensor fits one
+  // resident grid of at most amax_slots blocks (per-block maxima in amax_partials[0..amax_slots), grid barrier, cast
+  // of the values still held in registers); otherwise (and on the CPU) by zeroing `amax`, then the amax pass
+  // (amax_pass_params) and the cast.
+  bool amax_in_call = false;
+  float* amax_partials = nullptr;
+  int amax_slots = 0;
+  // Block scales of the CUDA block-format paths, compact or GEMM-swizzled (blk_swizzled):
+  //   MXFP8 rowwise (quantize_mxfp8's streaming path): blk_scale E8M0 [roundup(rows, 128), roundup(out_cols/32, 4)].
+  //   NVFP4 (ScaleMode::kNvfp4): blk_scale E4M3 [roundup(rows, 128), roundup(out_cols/16, 4)] of `out`, blk_scale_t
+  //   E4M3 [roundup(out_cols, 128), roundup(rows/16, 4)] of `out_t`; the global amax is read from `amax`, and
+  //   copied to nv_amax_out[0..1] where those are set.
+  uint8_t* blk_scale = nullptr;
+  uint8_t* blk_scale_t = nullptr;
+  float* nv_amax_out[2] = {nullptr, nullptr};
+  bool blk_swizzled = false;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  ActArgs act;
+  ScaleMode mode = ScaleMode::kPlain;
+  bool e4m3 = true;
+  bool force_pow2 = false;
+  float amax_epsilon = 0.0f;
+};
+
+inline int64_t act_out_cols(ActKind k, bool backward, int64_t cols) {
+  return (backward && act_is_gated(k)) ? 2 * cols : cols;
+}
+
+// Row blocks of the tile kernel (CUDA grid.y): one per 128-row tile, capped at 65535 (past that a block walks
+// tiles blk, blk + 65535, ...).
+constexpr int64_t kActBlockRows = 128;
+constexpr int64_t kActTileCols = 64;
+inline int64_t act_row_blocks(int64_t rows, int64_t /*cols*/) {
+  const int64_t row_tiles = (rows + kActBlockRows - 1) / kActBlockRows;
+  return row_tiles < 1 ? 1 : (row_tiles < 65535 ? row_tiles : 65535);
+}
+
+// dbias partial sums: one FP32 row of column sums per `act_dbias_rows` consecutive rows. 128, halved (down to 4)
+// while the CUDA strip kernel (2048 positions per block) would get fewer than 1024 blocks, so short tensors
+// still spread over the GPU. Depends on the shape only: the bridge sizes the buffer [act_dbias_blocks, out_cols]
+// and every kernel, CPU or CUDA, fills exactly that.
+constexpr int64_t kActStripCols = 2048;
+inline int64_t act_dbias_rows(int64_t rows, int64_t cols) {
+  const int64_t strips = cols < 1 ? 1 : (cols + kActStripCols - 1) / kActStripCols;
+  int64_t r = kActBlockRows;
+  while (r > 4 && ((rows + r - 1) / r) * strips < 1024) r /= 2;
+  return r;
+}
+inline int64_t act_dbias_blocks(int64_t rows, int64_t cols) {
+  const int64_t n = (rows + act_dbias_rows(rows, cols) - 1) / act_dbias_rows(rows, cols);
+  return n < 1 ? 1 : n;
+}
+
+// Parallel loop the host supplies for the CPU kernels: calls body(begin, end) over [0, n).
+using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t, int64_t)>& body)>;
+
+// CPU. `in_dtype` is kFloat32/kFloat16/kBFloat16; `fp8_out` selects FP8 codes over the input dtype.
+void activation_cpu(ActKind kind, bool backward, DType in_dtype, const ActKernelParams& p,
+                    const ParallelFor& parallel_for);
+// Sums the partial rows into `out` ([cols], dtype `out_dtype`), one rounding per column.
+void dbias_reduce_cpu(const float* partial, int64_t partial_rows, int64_t cols, DType out_dtype, void* out);
+// out[i] = round_to(out_dtype, fp8(code[i]) * scale_inv[0]).
+void dequantize_fp8_cpu(const uint8_t* codes, const float* scale_inv, int64_t n, bool e4m3, DType out_dtype,
+                        void* out);
+// out[k, m] = in[m, k] for bytes.
+void transpose_bytes_cpu(const uint8_t* in, int64_t rows, int64_t cols, uint8_t* out);
+// SPEC §4.3 for one history/scale pair; `reduced` points at this pair's slice of the reduction buffer or null.
+void delayed_update_cpu(float* history, int64_t hist_len, int64_t n, float* scale, const float* reduced,
+                        AmaxAlgo algo, float max_over_margin);
+
+#if defined(TE_WITH_CUDA)
+void activation_cuda(ActKind kind, bool backward, DType in_dtype, const ActKernelParams& p, cudaStream_t s);
+void dbias_reduce_cuda(const float* partial, int64_t partial_rows, int64_t cols, DType out_dtype, void* out,
+                       cudaStream_t s);
+void dequantize_fp8_cuda(const uint8_t* codes, const float* scale_inv, int64_t n, bool e4m3, DType out_dtype,
+                         void* out, cudaStream_t s);
+void transpose_bytes_cuda(const uint8_t* in, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t s);
+void delayed_update_cuda(float* history, int64_t hist_len, int64_t n, float* scale, const float* reduced,
+                         AmaxAlgo algo, float max_over_margin, cudaStream_t s);
+#endif
+
+// Runtime -> compile-time switches. The default cases name the accepted values.
+#define TE_SWITCH_IN_DTYPE(dtype, T, ...)                                                              \
+  switch (dtype) {                                                                                     \
+    case ::te::DType::kFloat32: { using T = float; __VA_ARGS__; break; }                               \
+    case ::te::DType::kFloat16: { using T = ::te::fp16_t; __VA_ARGS__; break; }                        \
+    case ::te::DType::kBFloat16: { using T = ::te::bf16_t; __VA_ARGS__; break; }                       \
+    default: ::te::core_fail("input dtype code " + std::to_string(int(dtype)) +                         \
+                             " is not supported; accepted: float32 (4), float16 (5), bfloat16 (6)");   \
+  }
+
+}  // namespace te
+
+namespace te {
+
+// The scaled value an FP8 mode encodes (SPEC §5.1): current scaling rounds to the input dtype first.
+template <typename InT> TE_HD float fp8_scaled_value(float v, ScaleMode mode, float scale) {
+  const float w = mode == ScaleMode::kCurrent ? round_to<InT>(v) : v;
+  return w * scale;
+}
+
+// Current scaling in one call (ActKernelParams::amax_in_call): the per-block amax slots a caller provides, and the
+// largest tensor (elements) worth providing them for (slots x 512 threads x 2 chunks per thread x 8 elements per
+// chunk: act_cuda.cuh's kRowThreads, coop_units and kVec, which this torch-free header does not see); the CUDA
+// launcher decides from residency whether one launch covers a given tensor.
+constexpr int kOneLaunchAmaxSlots = 1024;
+constexpr int64_t kOneLaunchMaxElems = int64_t(kOneLaunchAmaxSlots) * 512 * 2 * 8;
+
+// The amax pass over the op of `p` (current scaling's first pass, NVFP4's global amax): the same input and op,
+// nothing written but `amax`, which the caller has zeroed.
+inline ActKernelParams amax_pass_params(ActKernelParams p) {
+  p.mode = ScaleMode::kAmaxOnly;
+  p.out = nullptr;
+  p.out_t = nullptr;
+  p.dbias_partial = nullptr;
+  p.amax_in_call = false;
+  return p;
+}
+
+// The scale an FP8 mode multiplies by.
+TE_HD float mode_scale(const ActKernelParams& p) {
+  if (p.mode == ScaleMode::kDelayed) return *p.scale;
+  if (p.mode == ScaleMode::kCurrent) return current_scale(*p.amax, fp8_max(p.e4m3), p.amax_epsilon, p.force_pow2);
+  return 1.0f;
+}
+
+TE_HD bool mode_writes_fp8(ScaleMode m) { return m == ScaleMode::kDelayed || m == ScaleMode::kCurrent; }
+TE_HD bool mode_tracks_amax(ScaleMode m) { return m == ScaleMode::kDelayed || m == ScaleMode::kAmaxOnly; }
+
+}  // namespace te

@@ -1,9 +1,0 @@
-// Instantiates the CUDA forward fused NVFP4 kernels (ScaleMode::kNvfp4) of the ReLU family and the identity (the
-// plain FP8 cast).
-#include "act_cuda.cuh"
-
-TE_INSTANTIATE_NVFP4_CUDA(kRelu, Relu, false, false)
-TE_INSTANTIATE_NVFP4_CUDA(kReglu, Relu, true, false)
-TE_INSTANTIATE_NVFP4_CUDA(kSrelu, SRelu, false, false)
-TE_INSTANTIATE_NVFP4_CUDA(kSreglu, SRelu, true, false)
-TE_INSTANTIATE_NVFP4_CUDA(kIdentity, Identity, false, false)

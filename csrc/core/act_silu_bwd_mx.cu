@@ -1,7 +1,0 @@
-// Instantiates the CUDA backward MXFP8 kernels of the sigmoid family (SiLU, SwiGLU, GLU, clamped SwiGLU).
-#include "quantize_mxfp8_cuda.cuh"
-
-TE_INSTANTIATE_MXFP8_CUDA(kSilu, Silu, false, true)
-TE_INSTANTIATE_MXFP8_CUDA(kSwiglu, Silu, true, true)
-TE_INSTANTIATE_MXFP8_CUDA(kGlu, Sigmoid, true, true)
-TE_INSTANTIATE_MXFP8_CUDA(kClampedSwiglu, ClampedSilu, true, true)

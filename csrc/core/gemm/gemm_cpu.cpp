@@ -1,0 +1,170 @@
+// The CPU GEMM (SPEC §6.7): same args and epilogues as the cuBLASLt path, computed as a reference would —
+// exact decode to FP32, FP64 accumulation, epilogue in FP32, one rounding. Slow by design (tests, CPU CI).
+#include <vector>
+
+#include "../act/act_functors.h"
+#include "../common/formats.h"
+#include "gemm.h"
+
+namespace te {
+
+const char* gemm_epilogue_name(GemmEpilogue e) {
+  switch (e) {
+    case GemmEpilogue::kNone: return "none";
+    case GemmEpilogue::kBias: return "bias";
+    case GemmEpilogue::kGeluAux: return "gelu_aux";
+    case GemmEpilogue::kGeluAuxBias: return "gelu_aux_bias";
+    case GemmEpilogue::kDGelu: return "dgelu";
+    case GemmEpilogue::kDGeluBGrad: return "dgelu_bgrad";
+    case GemmEpilogue::kBGradB: return "bgradb";
+  }
+  return "?";
+}
+
+const char* gemm_scaling_name(GemmScaling s) {
+  switch (s) {
+    case GemmScaling::kNone: return "unscaled";
+    case GemmScaling::kFp8PerTensor: return "FP8 per-tensor";
+    case GemmScaling::kMxfp8: return "MXFP8";
+    case GemmScaling::kNvfp4: return "NVFP4";
+    case GemmScaling::kFp8Block1d: return "FP8 block 1x128";
+    case GemmScaling::kFp8Block2d: return "FP8 block 128x128";
+  }
+  return "?";
+}
+
+const char* dtype_short_name(DType d) {
+  switch (d) {
+    case DType::kFloat32: return "fp32";
+    case DType::kFloat16: return "fp16";
+    case DType::kBFloat16: return "bf16";
+    case DType::kFloat8E4M3: return "E4M3";
+    case DType::kFloat8E5M2: return "E5M2";
+    case DType::kFloat4E2M1: return "E2M1";
+    case DType::kByte: return "uint8";
+    default: return "?";
+  }
+}
+
+namespace {
+
+bool is_fp8(DType d) { return d == DType::kFloat8E4M3 || d == DType::kFloat8E5M2; }
+
+float load(const void* p, int64_t i, DType d, float scale_inv) {
+  switch (d) {
+    case DType::kFloat32: return static_cast<const float*>(p)[i];
+    case DType::kFloat16: return to_float(static_cast<const fp16_t*>(p)[i]);
+    case DType::kBFloat16: return to_float(static_cast<const bf16_t*>(p)[i]);
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2:
+      return fp8_to_float(static_cast<const uint8_t*>(p)[i], d == DType::kFloat8E4M3) * scale_inv;
+    default: break;
+  }
+  core_fail(std::string("gemm_cpu: operand dtype ") + dtype_short_name(d) +
+            " is not supported; accepted: fp32, fp16, bf16, E4M3, E5M2");
+}
+
+void store(void* p, int64_t i, DType d, float v) {
+  switch (d) {
+    case DType::kFloat32: static_cast<float*>(p)[i] = v; return;
+    case DType::kFloat16: static_cast<fp16_t*>(p)[i] = from_float<fp16_t>(v); return;
+    case DType::kBFloat16: static_cast<bf16_t*>(p)[i] = from_float<bf16_t>(v); return;
+    default: break;
+  }
+  core_fail(std::string("gemm_cpu: output dtype ") + dtype_short_name(d) + " is not supported here");
+}
+
+// op(X) as a contiguous FP32 matrix [outer, k]: op(A)ᵀ = [m, k] for A, op(B) = [n, k] for B.
+// `k_major` says whether the stored operand already runs along k in memory (A with trans, B without).
+std::vector<float> decode_k_contiguous(const GemmOperand& x, bool k_major, int64_t outer, int64_t k,
+                                       const GemmParallelFor& pf) {
+  std::vector<float> out(size_t(outer) * size_t(k));
+  const float s = (x.scaling == GemmScaling::kFp8PerTensor) ? *static_cast<const float*>(x.scale_inv) : 1.0f;
+  pf(outer, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o)
+      for (int64_t j = 0; j < k; ++j)
+        out[size_t(o) * k + j] = load(x.data, k_major ? o * x.cols + j : j * x.cols + o, x.dtype, s);
+  });
+  return out;
+}
+
+}  // namespace
+
+void gemm_cpu(const GemmArgs& g, const GemmParallelFor& pf) {
+  for (const GemmOperand* op : {&g.a, &g.b}) {
+    if (op->scaling != GemmScaling::kNone && op->scaling != GemmScaling::kFp8PerTensor)
+      core_fail(std::string("gemm_cpu: operands scaled as ") + gemm_scaling_name(op->scaling) +
+                " are not supported yet; dequantize them to bf16 first");
+  }
+  const GemmDims dm = gemm_dims(g);
+  const int64_t m = dm.m, n = dm.n, k = dm.k;
+  const std::vector<float> at = decode_k_contiguous(g.a, g.a.trans, m, k, pf);    // [m, k]
+  const std::vector<float> bt = decode_k_contiguous(g.b, !g.b.trans, n, k, pf);   // [n, k]
+  const bool fp8_out = is_fp8(g.d_dtype);
+  const bool e4m3_out = g.d_dtype == DType::kFloat8E4M3;
+  const float d_scale = fp8_out ? *g.d_scale : 1.0f;
+  const GemmEpilogue ep = g.epilogue;
+  const bool has_bias = ep == GemmEpilogue::kBias || ep == GemmEpilogue::kGeluAuxBias;
+  const bool gelu_fwd = ep == GemmEpilogue::kGeluAux || ep == GemmEpilogue::kGeluAuxBias;
+  const bool gelu_bwd = ep == GemmEpilogue::kDGelu || ep == GemmEpilogue::kDGeluBGrad;
+  const ActArgs act_args;
+  // Per-row results in FP32 (before the output rounding) feed the amax and the DGELU bias gradient; both are
+  // reduced per row block and merged in row order, so the result does not depend on the thread count.
+  std::vector<double> bgrad_rows(ep == GemmEpilogue::kDGeluBGrad ? size_t(n) * size_t(m) : 0);
+  std::vector<float> amax_rows(fp8_out ? size_t(n) : 0, 0.0f);
+  pf(n, [&](int64_t rb, int64_t re) {
+    for (int64_t i = rb; i < re; ++i) {
+      const float* brow = bt.data() + size_t(i) * k;
+      float amax = 0.0f;
+      for (int64_t j = 0; j < m; ++j) {
+        const float* acol = at.data() + size_t(j) * k;
+        double acc = 0.0;
+        for (int64_t t = 0; t < k; ++t) acc += double(brow[t]) * double(acol[t]);
+        const int64_t idx = i * m + j;
+        float r = g.alpha * float(acc);
+        if (g.beta != 0.0f) r = r + g.beta * (fp8_out ? 0.0f : load(g.d, idx, g.d_dtype, 1.0f));
+        if (has_bias) r = r + load(g.bias, j, g.bias_dtype, 1.0f);
+        if (gelu_fwd) {
+          store(g.aux, idx, g.aux_dtype, r);
+          r = Gelu::fwd(r, act_args);
+        } else if (gelu_bwd) {
+          r = r * Gelu::bwd(load(g.aux, idx, g.aux_dtype, 1.0f), act_args);
+        }
+        if (ep == GemmEpilogue::kDGeluBGrad) bgrad_rows[size_t(idx)] = double(r);
+        if (fp8_out) {
+          const float a = bits_float(float_bits(r) & 0x7FFFFFFFu);
+          amax = a > amax ? a : amax;  // NaN never wins (SPEC §2 amax)
+          static_cast<uint8_t*>(g.d)[idx] = float_to_fp8_sw(r * d_scale, e4m3_out);
+        } else {
+          store(g.d, idx, g.d_dtype, r);
+        }
+      }
+      if (fp8_out) amax_rows[size_t(i)] = amax;
+    }
+  });
+  if (fp8_out) {
+    float amax = 0.0f;
+    for (float a : amax_rows) amax = a > amax ? a : amax;
+    *g.d_amax = amax;
+  }
+  if (ep == GemmEpilogue::kDGeluBGrad) {
+    pf(m, [&](int64_t b, int64_t e) {
+      for (int64_t j = b; j < e; ++j) {
+        double s = 0.0;
+        for (int64_t i = 0; i < n; ++i) s += bgrad_rows[size_t(i) * m + j];
+        store(g.bias_grad, j, g.bias_dtype, float(s));
+      }
+    });
+  }
+  if (ep == GemmEpilogue::kBGradB) {
+    pf(n, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        double s = 0.0;
+        for (int64_t t = 0; t < k; ++t) s += double(bt[size_t(i) * k + t]);
+        store(g.bias_grad, i, g.bias_dtype, float(s));
+      }
+    });
+  }
+}
+
+}  // namespace te
