@@ -29,7 +29,7 @@ def with_cuda():
 debug = os.environ.get("TE_DEBUG", "0") == "1"
 opt = ["-O0", "-g"] if debug else ["-O3"]
 cxx_flags = opt + ["-ffp-contract=off", "-fno-fast-math"]
-srcs = sources("csrc/core/*.cpp") + sources("csrc/torch/*.cpp")
+srcs = sources("csrc/core/*.cpp") + sources("csrc/core/ops/*.cpp") + sources("csrc/torch/*.cpp")
 os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
 
 if with_cuda():
