@@ -1,6 +1,6 @@
-// Torch <-> core bridge helpers: dtype mapping, the quantizer spec that crosses the op boundary (SPEC §1.4),
-// argument checks that name shapes/dtypes/devices, and the CPU/CUDA launch of core kernels on the current
-// stream. Only this folder includes torch headers.
+// Torch <-> core bridge helpers: dtype mapping, tensors as the core's views and the core's execution context
+// (current stream or CPU pool), the core's errors as torch's, argument checks that name shapes/dtypes/devices, and
+// output allocation. Only this folder includes torch headers.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -11,9 +11,7 @@
 #include <vector>
 
 #include "../core/act/activation.h"
-#include "../core/fp8_block/quantize_fp8_block.h"
-#include "../core/mxfp8/quantize_mxfp8.h"
-#include "../core/nvfp4/quantize_nvfp4.h"
+#include "../core/ops/buffers.h"
 
 #if defined(TE_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
@@ -44,54 +42,32 @@ std::string arch_name(const Tensor& t);  // "cpu" or "sm_90"
 te::DType input_dtype(const Tensor& t, const char* op, const char* what);
 at::ScalarType scalar_type_of(te::DType d);
 
-// The quantizer spec of SPEC §1.4.
-struct QuantSpec {
-  te::QuantKind kind = te::QuantKind::kNone;
-  te::DType dtype = te::DType::kFloat8E4M3;
-  bool rowwise = true;
-  bool columnwise = true;
-  int64_t flags = 0;
-  double amax_epsilon = 0.0;
-  int64_t block_dim = 1;
-  c10::optional<Tensor> scale, amax, noop;
-  // NVFP4 stochastic rounding: an explicit (seed, offset) when rng_seed >= 0 (the `quantize` op's trailing
-  // arguments: reproducible across devices), else drawn from the input device's default generator.
-  int64_t rng_seed = -1, rng_offset = 0;
-
-  bool force_pow2() const { return flags & 1; }
-  bool two_d() const { return flags & (1 << 1); }
-  bool stochastic_rounding() const { return flags & (1 << 2); }
-  bool rht() const { return flags & (1 << 3); }
-  bool random_sign_mask() const { return flags & (1 << 4); }
-  bool swizzled() const { return flags & (1 << 5); }
-  bool e4m3() const { return dtype == te::DType::kFloat8E4M3; }
-  // "FP8 block 1x128 E4M3" / "FP8 block 128x128 E5M2": the format as error messages name it.
-  std::string fp8_block_name() const {
-    return std::string(block_dim == 2 ? "FP8 block 128x128 " : "FP8 block 1x128 ") + (e4m3() ? "E4M3" : "E5M2");
+// The core's dispatch context for work on `ref`'s device: the current CUDA stream of that device, or ATen's CPU
+// thread pool. The arch name is left to the core, which derives it only when a message needs it.
+te::ops::ExecCtx exec_ctx(const Tensor& ref);
+// A contiguous tensor as the core's view (dtype: its core DType, which the caller has checked). More than
+// te::ops::kMaxDims dims raises ValueError naming `op`.
+te::ops::TensorView view_of(const Tensor& t, te::DType dtype, const char* op);
+// Raises the core's typed error as the Python exception of its kind (ValueError, TypeError, NotImplementedError,
+// RuntimeError), with the core's message unchanged.
+[[noreturn]] void throw_torch(const te::Error& e);
+// Runs f(), turning a te::Error into the matching torch error. The try costs nothing on the success path.
+template <typename F> auto with_torch_errors(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const te::Error& e) {
+    throw_torch(e);
   }
-};
-
-QuantSpec make_spec(const char* op, int64_t qkind, int64_t qdtype, bool rowwise, bool columnwise, int64_t qflags,
-                    double amax_epsilon, int64_t block_dim, const c10::optional<Tensor>& scale,
-                    const c10::optional<Tensor>& amax, const c10::optional<Tensor>& noop, const Tensor& input);
-
-// SPEC §5.1: the one place the fusion path is decided, for forward and backward alike.
-te::FusionPath choose_fusion_path(const QuantSpec& spec);
+}
 
 // Checks that `t` is a one-element float32 tensor on `ref`'s device.
 void check_scalar_f32(const Tensor& t, const Tensor& ref, const char* op, const char* what);
 
-// Launches on the current stream of `ref`'s device (or the CPU thread pool).
-void run_activation(te::ActKind kind, bool backward, te::DType dtype, const te::ActKernelParams& p, const Tensor& ref);
-void run_mxfp8(te::ActKind kind, bool backward, te::DType dtype, const te::Mxfp8Params& p, const Tensor& ref);
-void run_fp8_block(te::DType dtype, const te::Fp8BlockParams& p, const Tensor& ref);
-void run_nvfp4_amax(te::DType dtype, const te::Nvfp4AmaxParams& p, const Tensor& ref);
-void run_nvfp4(te::DType dtype, const te::Nvfp4Params& p, const Tensor& ref);
-// The random-bit source of an NVFP4 stochastic-rounding launch on `ref`'s device (SPEC §1.4): the explicit seed of
-// the spec, else the device's default generator (CUDA: its Philox (seed, offset), advanced per call and graph-safe
-// under capture; CPU: a fresh 64-bit seed drawn from the CPU generator, offset 0).
-te::RngState nvfp4_rng_state(const QuantSpec& spec, const Tensor& ref);
-void run_dbias_reduce(const Tensor& partial, Tensor& out);
+// The random-bit source of an NVFP4 stochastic-rounding launch on `ref`'s device (SPEC §1.4): an explicit
+// (seed, offset) when rng_seed >= 0 (the `quantize` op's trailing arguments: the same bytes on every device), else
+// the device's default generator (CUDA: its Philox (seed, offset), advanced per call and graph-safe under capture;
+// CPU: a fresh 64-bit seed drawn from the CPU generator, offset 0).
+te::RngState nvfp4_rng_state(int64_t rng_seed, int64_t rng_offset, const Tensor& ref);
 // Uninitialised contiguous tensor on the device of `options`, straight from that device's allocator (torch's
 // caching allocator on CUDA): at::empty adds a dispatcher round trip (about 65 ns on a fast host), and a quantizing
 // op makes up to seven tensors, the 0-element ones it returns for absent pieces included.
@@ -100,11 +76,6 @@ Tensor new_empty(c10::IntArrayRef shape, const at::TensorOptions& options);
 Tensor new_empty_in_guard(c10::IntArrayRef shape, const at::TensorOptions& options);
 // A 0-element tensor of `dtype` on ref's device, made without any CUDA call (the absent pieces of a quantizing op).
 Tensor new_placeholder(const Tensor& ref, at::ScalarType dtype);
-// Zeroes a one-element float32 tensor: a 4-byte memset on the current stream for CUDA (cheaper to issue than a
-// fill kernel, capturable), a plain store on the CPU.
-void zero_scalar(const Tensor& t);
-// Zeroes a small contiguous float32 tensor the same way.
-void zero_floats(const Tensor& t);
 
 #if defined(TE_WITH_CUDA)
 inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream(); }
