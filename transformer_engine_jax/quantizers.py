@@ -16,8 +16,7 @@ import numpy as np
 
 
 class ScalingMode(enum.IntEnum):
-    """The scaling recipe of a quantized tensor. Values are the core's quantizer kinds where one kind has one
-    mode; the two NVFP4 modes and the two FP8 block modes differ by a flag / the block dim."""
+    """The scaling recipe of a quantized tensor (csrc/jax/quantizer_attrs.h maps it to the core's quantizer)."""
 
     NO_SCALING = 0
     DELAYED_TENSOR_SCALING = 1
@@ -28,9 +27,6 @@ class ScalingMode(enum.IntEnum):
     NVFP4_2D_SCALING = 6
     BLOCK_SCALING_128x128 = 7
 
-    @property
-    def core_kind(self) -> int:
-        return {6: 4, 7: 5}.get(int(self), int(self))
 
 
 class QuantizeLayout(enum.IntEnum):
@@ -69,20 +65,23 @@ class Quantizer:
     stochastic_rounding: bool = False
     use_rht: bool = False
 
-    def spec(self) -> dict:
-        """The core's quantizer spec as FFI attributes (dtypes as the FFI decodes them)."""
-        mode = self.scaling_mode
+    def ffi_attrs(self) -> dict:
+        """The quantizer as the FFI handlers' `quantizer` attribute (csrc/jax/quantizer_attrs.h): the mode and
+        layout enums, the core's dtype code and the SPEC §1.4 flag bits the mode does not imply."""
         flags = FLAG_FORCE_POW2 if self.force_pow_2_scales else 0
-        if mode in (ScalingMode.NVFP4_2D_SCALING, ScalingMode.BLOCK_SCALING_128x128):
-            flags |= FLAG_2D
         if self.stochastic_rounding:
             flags |= FLAG_SR
         if self.use_rht:
             flags |= FLAG_RHT | FLAG_RANDOM_SIGN
-        dtype_code = _FP4_CODE if mode.core_kind == 4 else _FP8_CODES.get(jnp.dtype(self.q_dtype), 0)
-        return dict(qkind=np.int64(mode.core_kind), qdtype=np.int64(dtype_code), rowwise=self.q_layout.rowwise,
-                    colwise=self.q_layout.colwise, qflags=np.int64(flags), amax_epsilon=np.float32(self.amax_epsilon),
-                    block_dim=np.int64(2 if mode == ScalingMode.BLOCK_SCALING_128x128 else 1))
+        nvfp4 = self.scaling_mode in (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
+        dtype_code = _FP4_CODE if nvfp4 else _FP8_CODES.get(jnp.dtype(self.q_dtype), 0)
+        return dict(scaling_mode=np.int64(self.scaling_mode), q_dtype=np.int64(dtype_code),
+                    q_layout=np.int64(self.q_layout), flags=np.int64(flags),
+                    amax_epsilon=np.float32(self.amax_epsilon))
+
+    def rng_words(self):
+        raise NotImplementedError(f"{type(self).__name__}: stochastic rounding from JAX is not provided yet; "
+                                  "use stochastic_rounding=False")
 
     # pytree protocol: settings are aux data; subclasses add array leaves.
     def _leaves(self) -> tuple:
@@ -143,7 +142,10 @@ class NVFP4Quantizer(Quantizer):
 
 @_pytree
 class BlockScaleQuantizer(Quantizer):
-    """FP8 with 1x128 blocks or 128x128 tiles and float32 scales (SPEC §4.7)."""
+    """FP8 with 1x128 blocks or 128x128 tiles and float32 scales (SPEC §4.7); power-of-two scales by default, as
+    the torch frontend's Float8BlockQuantizer."""
+
+    force_pow_2_scales: bool = True
 
 
 _CLASS_OF = {
