@@ -5,7 +5,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import transformer_engine_jax as tej  # noqa: E402
-from transformer_engine_jax.quantizers import FLAG_2D, FLAG_FORCE_POW2, FLAG_RHT, FLAG_SR  # noqa: E402
+from transformer_engine_jax.quantizers import FLAG_FORCE_POW2, FLAG_RHT, FLAG_SR  # noqa: E402
 
 MODES = [m for m in tej.ScalingMode if m != tej.ScalingMode.NO_SCALING]
 
@@ -15,11 +15,11 @@ def test_quantizer_roundtrips_through_jit_and_scan(mode):
     q = tej.QuantizerFactory.create(scaling_mode=mode, amax_history_len=3)
     leaves, treedef = jax.tree_util.tree_flatten(q)
     again = jax.tree_util.tree_unflatten(treedef, leaves)
-    assert type(again) is type(q) and again.spec() == q.spec()
+    assert type(again) is type(q) and again.ffi_attrs() == q.ffi_attrs()
     assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(again), leaves))
     back = jax.jit(lambda q: q)(q)
     assert type(back) is type(q) and back.scaling_mode == mode and back.q_dtype == q.q_dtype
-    assert back.spec() == q.spec()
+    assert back.ffi_attrs() == q.ffi_attrs()
     n_leaves = 2 if mode == tej.ScalingMode.DELAYED_TENSOR_SCALING else 0
     assert len(leaves) == n_leaves
 
@@ -31,17 +31,18 @@ def test_quantizer_roundtrips_through_jit_and_scan(mode):
         assert jnp.array_equal(a, b + 3)
 
 
-def test_spec_encodes_the_core_quantizer():
-    spec = tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.CURRENT_TENSOR_SCALING, q_dtype=jnp.float8_e5m2,
-                                       q_layout=tej.QuantizeLayout.ROWWISE, force_pow_2_scales=True).spec()
-    assert (int(spec["qkind"]), int(spec["qdtype"]), spec["rowwise"], spec["colwise"]) == (2, 8, True, False)
-    assert int(spec["qflags"]) == FLAG_FORCE_POW2
-    nv = tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.NVFP4_2D_SCALING, stochastic_rounding=True).spec()
-    assert (int(nv["qkind"]), int(nv["qdtype"]), int(nv["qflags"])) == (4, 10, FLAG_2D | FLAG_SR)
-    rht = tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.NVFP4_1D_SCALING, use_rht=True).spec()
-    assert int(rht["qflags"]) & FLAG_RHT
-    blk = tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.BLOCK_SCALING_128x128).spec()
-    assert (int(blk["qkind"]), int(blk["block_dim"]), int(blk["qflags"])) == (5, 2, FLAG_2D)
+def test_ffi_attrs_encode_the_quantizer():
+    attrs = tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.CURRENT_TENSOR_SCALING, q_dtype=jnp.float8_e5m2,
+                                        q_layout=tej.QuantizeLayout.ROWWISE, force_pow_2_scales=True).ffi_attrs()
+    assert {k: int(v) for k, v in attrs.items() if k != "amax_epsilon"} == dict(
+        scaling_mode=2, q_dtype=8, q_layout=0, flags=FLAG_FORCE_POW2)
+    nv = tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.NVFP4_2D_SCALING, stochastic_rounding=True)
+    assert (int(nv.ffi_attrs()["scaling_mode"]), int(nv.ffi_attrs()["q_dtype"]), int(nv.ffi_attrs()["flags"])) == \
+        (6, 10, FLAG_SR)
+    rht = tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.NVFP4_1D_SCALING, use_rht=True).ffi_attrs()
+    assert int(rht["flags"]) & FLAG_RHT
+    blk = tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.BLOCK_SCALING_128x128)
+    assert blk.force_pow_2_scales and int(blk.ffi_attrs()["scaling_mode"]) == 7
 
 
 def test_factory_rejects_bad_settings():
