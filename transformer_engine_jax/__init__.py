@@ -4,3 +4,6 @@ from .activation_types import ACTIVATIONS, ActivationType, activation_of
 from .quantizers import (BlockScaleQuantizer, CurrentScaleQuantizer, DelayedScaleQuantizer, MXFP8Quantizer,
                          NVFP4Quantizer, Quantizer, QuantizeLayout, QuantizerFactory, ScalingMode)
 from .scaled_tensor import ScaledTensor
+from .activation import activation
+from .cpp_extensions import act_lu, dact_lu, quantize, quantize_dact_dbias, quantize_dbias
+from .dequantize import dequantize

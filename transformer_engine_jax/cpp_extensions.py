@@ -56,11 +56,13 @@ def _plan(op, code, backward, with_dbias, x_shape, dtype, grad_shape, attrs):
 
 
 def _result_type(piece, data_dtype, x_dtype):
+    """A planned piece as an XLA result: data bytes typed as the quantizer's dtype, scale bytes (E8M0, E4M3) as
+    uint8, float32 and input-dtype pieces as they are; an absent piece is a 0-element uint8 result."""
     present, code, shape = piece
     if not present:
         return jax.ShapeDtypeStruct((0,), jnp.uint8)
     if code == _BYTE:
-        dtype = data_dtype
+        dtype = data_dtype if data_dtype is not None else jnp.uint8
     elif code == _F32:
         dtype = jnp.float32
     else:
@@ -111,7 +113,8 @@ def _call(target, op, code, backward, with_dbias, x, x_core_shape, dz, quantizer
     pieces, ws_bytes = _plan(op, code, backward, with_dbias, x_core_shape, dtype,
                              () if dz is None else dz.shape, attrs)
     data_dtype = _data_dtype(quantizer) if quantizer is not None else dtype
-    results = [_result_type(pieces[i], data_dtype, dtype) for i in _RESULT_PIECES]
+    results = [_result_type(pieces[i], data_dtype if i in (_ROW_DATA, _COL_DATA) else None, dtype)
+               for i in _RESULT_PIECES]
     results[4] = jax.ShapeDtypeStruct((1,), jnp.float32)  # amax: aliased to the amax argument, always f32[1]
     if target != "te_act_lu":
         results.append(_result_type(pieces[_GRAD_BIAS], dtype, dtype) if with_dbias else

@@ -54,8 +54,8 @@ class ScaledTensor:
                              "copy; quantize with q_layout COLWISE or ROWWISE_COLWISE")
         return dataclasses.replace(self, data=None, scale_inv=None, q_layout=QuantizeLayout.COLWISE)
 
-    def dequantize(self):
-        """The values in `dq_dtype`, from the rowwise copy when there is one (SPEC §4.9 dequantize)."""
-        from .cpp_extensions import dequantize
+    def dequantize(self, dtype=None):
+        """The values in `dtype` (default `dq_dtype`), from the rowwise copy when there is one (SPEC §4.9)."""
+        from .dequantize import dequantize
 
-        return dequantize(self)
+        return dequantize(self, dtype)

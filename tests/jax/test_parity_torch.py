@@ -71,6 +71,9 @@ def test_act_lu_bytes_equal_tex(act, mode):
     scale, amax = torch.full((1,), 2.0), torch.zeros(1)
     want = getattr(tex, act)(xt, torch_quantizer(mode, scale, amax))
     assert_same_bytes(got, want, f"{act} {mode.name}")
+    nvfp4 = mode in (SM.NVFP4_1D_SCALING, SM.NVFP4_2D_SCALING)
+    assert got.data.dtype == (jnp.uint8 if nvfp4 else jnp.float8_e4m3fn)
+    assert got.scale_inv.dtype == (jnp.uint8 if nvfp4 or mode == SM.MXFP8_1D_SCALING else jnp.float32)
     if mode == SM.DELAYED_TENSOR_SCALING:
         assert np.asarray(got.amax).tobytes() == amax.numpy().tobytes()
 
@@ -99,3 +102,18 @@ def test_quantize_bytes_equal_tex(mode):
     got = jax.jit(ops.quantize)(x, q)
     want = tex.quantize(torch.from_dlpack(x), torch_quantizer(mode, torch.ones(1), torch.zeros(1)))
     assert_same_bytes(got, want, f"quantize {mode.name}")
+
+
+@pytest.mark.parametrize("layout", ["rowwise", "colwise"])
+@pytest.mark.parametrize("mode", [m for m in MODES if m not in (SM.NVFP4_1D_SCALING, SM.NVFP4_2D_SCALING)],
+                         ids=lambda m: m.name)
+def test_dequantize_bytes_equal_tex(mode, layout):
+    x = inputs((3, 100, 256), jnp.bfloat16, 4)
+    q_layout = tej.QuantizeLayout.ROWWISE if layout == "rowwise" else tej.QuantizeLayout.COLWISE
+    q = tej.QuantizerFactory.create(scaling_mode=mode, q_layout=q_layout, amax_history_len=4)
+    got = jax.jit(lambda x, q: ops.quantize(x, q).dequantize())(x, q)
+    tq = torch_quantizer(mode, torch.ones(1), torch.zeros(1))
+    tq.set_usage(rowwise=layout == "rowwise", columnwise=layout == "colwise")
+    want = tex.quantize(torch.from_dlpack(x), tq).dequantize()
+    assert got.dtype == jnp.bfloat16 and got.shape == x.shape
+    assert np.asarray(got).view(np.uint16).tobytes() == want.view(torch.int16).numpy().tobytes()
