@@ -129,8 +129,11 @@ def _call(target, op, code, backward, with_dbias, x, x_core_shape, dz, quantizer
                                                   offset=np.float32(1.0))
     if target != "te_act_lu":
         kwargs["is_dbias"] = bool(with_dbias)
+    # Batch rule: a plain elementwise call takes the batch as more rows (one launch); a quantizing call (a scale
+    # per tensor or per block of the unbatched shape) or a dbias (sums per tensor) runs once per batch element.
+    elementwise = quantizer is None and not with_dbias
     out = jax.ffi.ffi_call(target, results, input_output_aliases={len(args) - 2: 4},
-                           vmap_method="sequential")(*args, **kwargs)
+                           vmap_method="broadcast_all" if elementwise else "sequential")(*args, **kwargs)
     return out, pieces
 
 
