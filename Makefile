@@ -1,4 +1,4 @@
-# Quick start: `make demo` (installs torch + builds the package + runs the demo), then `make test`.
+# Quick start: `make demo` (installs torch + jax, builds both packages, runs both demos), then `make test`.
 PYTHON ?= python3
 
 .PHONY: install demo test gpu-check bench bench-smoke clean
@@ -9,6 +9,7 @@ install:
 
 demo: install
 	$(PYTHON) examples/mlp_demo.py
+	$(PYTHON) examples/jax_mlp_demo.py
 
 # The whole suite; GPU tests (marker `cuda`) run when a GPU is visible and are skipped otherwise.
 test:

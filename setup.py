@@ -1,9 +1,13 @@
-"""Build of transformer_engine_torch._C.
+"""Build of transformer_engine_torch._C and, when jax is installed, transformer_engine_jax._ffi.
 
 CUDAExtension when a CUDA toolkit and a CUDA build of torch are present (TE_FORCE_CPU=1 turns it off),
 otherwise a CPU-only CppExtension with every op on CPU. One arch by default: TORCH_CUDA_ARCH_LIST, or 9.0 when
 it is unset (no GPU is queried). FMA contraction is off on host and device so CPU and CUDA round alike.
 TE_DEBUG=1 builds with -O0 -g. MAX_JOBS defaults to the core count.
+
+The kernel core (csrc/core) is compiled once: _C links it with the torch bridge (csrc/torch), _ffi links the same
+objects with the XLA FFI handlers (csrc/jax; headers from the installed jaxlib's jax.ffi.include_dir(), pybind11
+for the module) and links no torch library. TE_NO_JAX=1 skips _ffi.
 """
 import glob
 import os
@@ -29,7 +33,8 @@ def with_cuda():
 debug = os.environ.get("TE_DEBUG", "0") == "1"
 opt = ["-O0", "-g"] if debug else ["-O3"]
 cxx_flags = opt + ["-ffp-contract=off", "-fno-fast-math"]
-srcs = sources("csrc/core/**/*.cpp") + sources("csrc/torch/*.cpp")
+core_srcs = sources("csrc/core/**/*.cpp")
+srcs = core_srcs + sources("csrc/torch/*.cpp")
 os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
 
 if with_cuda():
@@ -41,6 +46,7 @@ if with_cuda():
         "--expt-relaxed-constexpr",
         "-lineinfo",
     ]
+    core_srcs += sources("csrc/core/**/*.cu")
     ext = cpp_extension.CUDAExtension(
         "transformer_engine_torch._C",
         srcs + sources("csrc/core/**/*.cu"),
@@ -52,10 +58,49 @@ else:
         "transformer_engine_torch._C", srcs, extra_compile_args={"cxx": cxx_flags}
     )
 
+JAX_EXT = "transformer_engine_jax._ffi"
+
+
+def jax_extension(cuda):
+    """The XLA FFI module, or None when jax is not installed (or TE_NO_JAX=1)."""
+    if os.environ.get("TE_NO_JAX", "0") == "1":
+        return None
+    try:
+        import jax
+        import pybind11
+    except ImportError:
+        return None
+    from setuptools import Extension
+
+    defines = ["-DTE_WITH_CUDA"] if cuda else []
+    cuda_lib = [os.path.join(cpp_extension.CUDA_HOME, "lib64")] if cuda else []
+    return Extension(
+        JAX_EXT,
+        sources("csrc/jax/*.cpp"),
+        include_dirs=[pybind11.get_include()] + ([os.path.join(cpp_extension.CUDA_HOME, "include")] if cuda else []),
+        # -isystem: the FFI headers' own warnings (-Wreturn-type in api.h) are jaxlib's, not ours
+        extra_compile_args={"cxx": cxx_flags + ["-isystem", jax.ffi.include_dir(), "-fvisibility=hidden"] + defines},
+        libraries=["cublasLt", "cudart"] if cuda else [],
+        library_dirs=cuda_lib,
+        runtime_library_dirs=cuda_lib,
+        language="c++",
+    )
+
+
+class BuildExtension(cpp_extension.BuildExtension):
+    """Builds _C first, then links _ffi against the core objects _C compiled (one compile of the kernels)."""
+
+    def build_extension(self, ext):
+        if ext.name == JAX_EXT:
+            ext.extra_objects = self.compiler.object_filenames(core_srcs, output_dir=self.build_temp)
+        super().build_extension(ext)
+
+
+jax_ext = jax_extension(with_cuda())
 setup(
     name="transformer_engine_torch",
     version="0.1.0",
-    packages=["transformer_engine_torch"],
-    ext_modules=[ext],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    packages=["transformer_engine_torch", "transformer_engine_jax"],
+    ext_modules=[ext] + ([jax_ext] if jax_ext is not None else []),
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

@@ -1,0 +1,107 @@
+// The XLA side of the bridge: XLA FFI buffers -> the core's views and execution context, core errors -> XLA FFI
+// errors, the initialize stage's throwaway capture, and the macro that defines each handler for both platforms.
+// Only this folder includes XLA headers; nothing here includes or links torch.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "../core/ops/run.h"
+#include "xla/ffi/api/ffi.h"
+
+#if defined(TE_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace te_jax {
+
+namespace ffi = xla::ffi;
+
+// XLA element type -> the core's DType; false for a type the core has no code for.
+bool core_dtype(ffi::DataType t, te::DType* out);
+std::string ffi_dtype_name(ffi::DataType t);
+
+// The view of a buffer as the core sees it; `dims_to_merge` > 1 merges that many trailing dims into one (JAX's
+// gated [..., 2, H] is the core's [..., 2H]: the same memory).
+te::ops::TensorView view_of(const ffi::AnyBuffer& b, const char* op, const char* what, int dims_to_merge = 1);
+
+// Where a handler runs. CPU: a serial loop (XLA's CPU thunks run on its own pool); CUDA: XLA's stream.
+te::ops::ExecCtx cpu_ctx();
+#if defined(TE_WITH_CUDA)
+te::ops::ExecCtx cuda_ctx(cudaStream_t stream);
+#endif
+
+// Runs `body`, turning the core's typed errors into XLA FFI errors (INVALID_ARGUMENT for a caller's mistake,
+// UNIMPLEMENTED for a combination not provided, INTERNAL for a failed CUDA call), so no C++ exception crosses
+// XLA's C boundary.
+template <typename F> ffi::Error guarded(F&& body) {
+  try {
+    body();
+    return ffi::Error::Success();
+  } catch (const te::Error& e) {
+    switch (e.kind) {
+      case te::ErrorKind::kValue:
+      case te::ErrorKind::kType: return ffi::Error::InvalidArgument(e.what());
+      case te::ErrorKind::kNotImplemented: return ffi::Error(ffi::ErrorCode::kUnimplemented, e.what());
+      default: return ffi::Error::Internal(e.what());
+    }
+  } catch (const std::exception& e) {
+    return ffi::Error::InvalidArgument(e.what());
+  }
+}
+
+#if defined(TE_WITH_CUDA)
+// The initialize stage (SPEC §10): the execute body recorded in a relaxed-mode capture of XLA's stream, then the
+// graph destroyed un-run. Nothing executes and no buffer is touched, but every kernel module the call will launch
+// is loaded now, before any thunk of the program (a lazy module load next to a running NCCL kernel can hang).
+template <typename F> ffi::Error in_throwaway_capture(cudaStream_t stream, F&& body) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) {
+    return ffi::Error::Success();  // already inside a capture (a command buffer being recorded): nothing to load
+  }
+  if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+    return ffi::Error::Internal(std::string("initialize: cudaStreamBeginCapture failed: ") +
+                                cudaGetErrorString(cudaGetLastError()));
+  }
+  ffi::Error err = body();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(stream, &graph);  // always ended, also after a failed body
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (!err.success()) return err;
+  if (end != cudaSuccess) {
+    return ffi::Error::Internal(std::string("initialize: cudaStreamEndCapture failed: ") + cudaGetErrorString(end));
+  }
+  return ffi::Error::Success();
+}
+#endif
+
+}  // namespace te_jax
+
+// One implementation `impl(ctx, args...)` over every platform and stage: <name>Cpu (a CPU binding takes no
+// context), <name>Cuda (execute on XLA's stream, command-buffer compatible: all work on that stream, no host sync,
+// no allocation, launch parameters from shapes and attributes only) and <name>CudaInit (the initialize stage, the
+// same binding). `binding` is a function template that appends the arguments, results and attributes to a builder.
+#define TE_JAX_CPU_HANDLER(name, impl, binding)                                         \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name##Cpu, [](auto... a) { return impl(::te_jax::cpu_ctx(), a...); }, \
+                                binding(::xla::ffi::Ffi::Bind()))
+
+#if defined(TE_WITH_CUDA)
+#define TE_JAX_CUDA_HANDLERS(name, impl, binding)                                                                   \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name##Cuda,                                                                         \
+                                [](cudaStream_t s, auto... a) { return impl(::te_jax::cuda_ctx(s), a...); },        \
+                                binding(::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()),   \
+                                {::xla::ffi::Traits::kCmdBufferCompatible});                                        \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                                    \
+      name##CudaInit,                                                                                               \
+      [](cudaStream_t s, auto... a) {                                                                               \
+        return ::te_jax::in_throwaway_capture(s, [&] { return impl(::te_jax::cuda_ctx(s), a...); });                \
+      },                                                                                                            \
+      binding(::xla::ffi::Ffi::Bind<::xla::ffi::ExecutionStage::kInitialize>()                                      \
+                  .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()))
+#else
+#define TE_JAX_CUDA_HANDLERS(name, impl, binding)
+#endif
+
+#define TE_JAX_HANDLERS(name, impl, binding) \
+  TE_JAX_CPU_HANDLER(name, impl, binding);   \
+  TE_JAX_CUDA_HANDLERS(name, impl, binding)

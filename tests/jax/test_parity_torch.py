@@ -1,0 +1,119 @@
+"""tej and tex share the core: the same input bytes give the same output bytes through either frontend (CPU here;
+tests marked cuda repeat it on the GPU)."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+import torch  # noqa: E402
+
+import transformer_engine_jax as tej  # noqa: E402
+import transformer_engine_torch as tex  # noqa: E402
+from transformer_engine_jax import cpp_extensions as ops  # noqa: E402
+
+SM = tej.ScalingMode
+MODES = [SM.DELAYED_TENSOR_SCALING, SM.CURRENT_TENSOR_SCALING, SM.MXFP8_1D_SCALING, SM.NVFP4_1D_SCALING,
+         SM.NVFP4_2D_SCALING, SM.BLOCK_SCALING_1x128, SM.BLOCK_SCALING_128x128]
+
+
+def torch_quantizer(mode, scale=None, amax=None):
+    e4m3 = tex.DType.kFloat8E4M3
+    if mode == SM.DELAYED_TENSOR_SCALING:
+        return tex.Float8Quantizer(scale, amax, e4m3)
+    if mode == SM.CURRENT_TENSOR_SCALING:
+        return tex.Float8CurrentScalingQuantizer(e4m3)
+    if mode == SM.MXFP8_1D_SCALING:
+        return tex.MXFP8Quantizer(e4m3)
+    if mode in (SM.NVFP4_1D_SCALING, SM.NVFP4_2D_SCALING):
+        return tex.NVFP4Quantizer(with_2d_quantization=mode == SM.NVFP4_2D_SCALING)
+    return tex.Float8BlockQuantizer(e4m3, block_scaling_dim=1 if mode == SM.BLOCK_SCALING_1x128 else 2)
+
+
+def torch_pieces(t):
+    """(rowwise data, rowwise scale_inv, columnwise data, columnwise scale_inv) as bytes."""
+    if isinstance(t, tex.Float8Tensor):
+        pieces = (t._data, t._scale_inv, t._transpose, t._scale_inv)
+    else:
+        pieces = (t._rowwise_data, t._rowwise_scale_inv, t._columnwise_data, t._columnwise_scale_inv)
+    return [p.contiguous().view(torch.uint8).numpy().ravel() for p in pieces]
+
+
+def jax_pieces(st):
+    pieces = (st.data, st.scale_inv, st.colwise_data, st.colwise_scale_inv)
+    return [np.asarray(p).view(np.uint8).ravel() for p in pieces]
+
+
+def assert_same_bytes(jax_st, torch_t, what):
+    for name, a, b in zip(("data", "scale_inv", "colwise_data", "colwise_scale_inv"), jax_pieces(jax_st),
+                          torch_pieces(torch_t)):
+        assert a.shape == b.shape, f"{what}: {name} has {a.size} bytes through tej, {b.size} through tex"
+        bad = np.flatnonzero(a != b)
+        assert bad.size == 0, f"{what}: {name} differs at {bad.size} bytes, first at {bad[0]}"
+
+
+def inputs(shape, dtype, seed=0):
+    x = jax.random.normal(jax.random.PRNGKey(seed), shape, jnp.float32) * 3
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+@pytest.mark.parametrize("act", ["gelu", "swiglu", "srelu", "clamped_swiglu"])
+def test_act_lu_bytes_equal_tex(act, mode):
+    spelling = tej.activation_of(act)
+    a = 2 if spelling.gated else 1
+    x = inputs((128, a, 128), jnp.bfloat16)
+    q = tej.QuantizerFactory.create(scaling_mode=mode, amax_history_len=4)
+    if mode == SM.DELAYED_TENSOR_SCALING:
+        q = q.__class__.tree_unflatten(q.tree_flatten()[1], (jnp.full((1,), 2.0, jnp.float32),
+                                                             jnp.zeros((4,), jnp.float32)))
+    got = jax.jit(lambda x, q: ops.act_lu(x, act, q))(x, q)
+    xt = torch.from_dlpack(x).reshape(128, a * 128)
+    scale, amax = torch.full((1,), 2.0), torch.zeros(1)
+    want = getattr(tex, act)(xt, torch_quantizer(mode, scale, amax))
+    assert_same_bytes(got, want, f"{act} {mode.name}")
+    nvfp4 = mode in (SM.NVFP4_1D_SCALING, SM.NVFP4_2D_SCALING)
+    assert got.data.dtype == (jnp.uint8 if nvfp4 else jnp.float8_e4m3fn)
+    assert got.scale_inv.dtype == (jnp.uint8 if nvfp4 or mode == SM.MXFP8_1D_SCALING else jnp.float32)
+    if mode == SM.DELAYED_TENSOR_SCALING:
+        assert np.asarray(got.amax).tobytes() == amax.numpy().tobytes()
+
+
+@pytest.mark.parametrize("mode", [None] + MODES, ids=lambda m: "plain" if m is None else m.name)
+@pytest.mark.parametrize("act", ["gelu", "qgelu"])
+def test_dact_dbias_bytes_equal_tex(act, mode):
+    x, dz = inputs((256, 1, 128), jnp.bfloat16, 1), inputs((256, 128), jnp.bfloat16, 2)
+    q = None if mode is None else tej.QuantizerFactory.create(scaling_mode=mode, amax_history_len=4)
+    got, dbias = jax.jit(lambda dz, x, q: ops.quantize_dact_dbias(dz, x, act, True, q))(dz, x, q)
+    xt, gt = torch.from_dlpack(x).reshape(256, 128), torch.from_dlpack(dz)
+    tq = None if mode is None else torch_quantizer(mode, torch.ones(1), torch.zeros(1))
+    want_bias, want = getattr(tex, "dbias_d" + act)(gt, xt, tq)
+    assert np.asarray(dbias).view(np.uint16).tobytes() == want_bias.view(torch.int16).numpy().tobytes()
+    if mode is None:
+        assert np.asarray(got).reshape(256, 128).view(np.uint16).tobytes() == \
+            want.view(torch.int16).numpy().tobytes()
+    else:
+        assert_same_bytes(got, want, f"dbias_d{act} {mode.name}")
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name)
+def test_quantize_bytes_equal_tex(mode):
+    x = inputs((4, 64, 256), jnp.float32, 3)
+    q = tej.QuantizerFactory.create(scaling_mode=mode, amax_history_len=4)
+    got = jax.jit(ops.quantize)(x, q)
+    want = tex.quantize(torch.from_dlpack(x), torch_quantizer(mode, torch.ones(1), torch.zeros(1)))
+    assert_same_bytes(got, want, f"quantize {mode.name}")
+
+
+@pytest.mark.parametrize("layout", ["rowwise", "colwise"])
+@pytest.mark.parametrize("mode", [m for m in MODES if m not in (SM.NVFP4_1D_SCALING, SM.NVFP4_2D_SCALING)],
+                         ids=lambda m: m.name)
+def test_dequantize_bytes_equal_tex(mode, layout):
+    x = inputs((3, 100, 256), jnp.bfloat16, 4)
+    q_layout = tej.QuantizeLayout.ROWWISE if layout == "rowwise" else tej.QuantizeLayout.COLWISE
+    q = tej.QuantizerFactory.create(scaling_mode=mode, q_layout=q_layout, amax_history_len=4)
+    got = jax.jit(lambda x, q: ops.quantize(x, q).dequantize())(x, q)
+    tq = torch_quantizer(mode, torch.ones(1), torch.zeros(1))
+    tq.set_usage(rowwise=layout == "rowwise", columnwise=layout == "colwise")
+    want = tex.quantize(torch.from_dlpack(x), tq).dequantize()
+    assert got.dtype == jnp.bfloat16 and got.shape == x.shape
+    assert np.asarray(got).view(np.uint16).tobytes() == want.view(torch.int16).numpy().tobytes()

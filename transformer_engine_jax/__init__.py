@@ -1,0 +1,9 @@
+"""transformer_engine_jax (`tej`): the project's fused activation + quantization kernels for JAX, through XLA's
+typed FFI, from the same torch-free core as transformer_engine_torch. Nothing here imports torch."""
+from .activation_types import ACTIVATIONS, ActivationType, activation_of
+from .quantizers import (BlockScaleQuantizer, CurrentScaleQuantizer, DelayedScaleQuantizer, MXFP8Quantizer,
+                         NVFP4Quantizer, Quantizer, QuantizeLayout, QuantizerFactory, ScalingMode)
+from .scaled_tensor import ScaledTensor
+from .activation import activation
+from .cpp_extensions import act_lu, dact_lu, quantize, quantize_dact_dbias, quantize_dbias
+from .dequantize import dequantize
