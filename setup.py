@@ -34,7 +34,7 @@ debug = os.environ.get("TE_DEBUG", "0") == "1"
 opt = ["-O0", "-g"] if debug else ["-O3"]
 cxx_flags = opt + ["-ffp-contract=off", "-fno-fast-math"]
 core_srcs = sources("csrc/core/**/*.cpp")
-srcs = core_srcs + sources("csrc/torch/*.cpp")
+torch_srcs = sources("csrc/torch/*.cpp")
 os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
 
 if with_cuda():
@@ -49,13 +49,13 @@ if with_cuda():
     core_srcs += sources("csrc/core/**/*.cu")
     ext = cpp_extension.CUDAExtension(
         "transformer_engine_torch._C",
-        srcs + sources("csrc/core/**/*.cu"),
+        core_srcs + torch_srcs,
         extra_compile_args={"cxx": cxx_flags + ["-DTE_WITH_CUDA"], "nvcc": nvcc_flags},
         libraries=["cublasLt"],  # the GEMM wrapper (csrc/core/gemm/cublaslt_gemm.cu); the CPU-only build needs none
     )
 else:
     ext = cpp_extension.CppExtension(
-        "transformer_engine_torch._C", srcs, extra_compile_args={"cxx": cxx_flags}
+        "transformer_engine_torch._C", core_srcs + torch_srcs, extra_compile_args={"cxx": cxx_flags}
     )
 
 JAX_EXT = "transformer_engine_jax._ffi"

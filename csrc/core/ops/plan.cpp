@@ -311,7 +311,10 @@ void plan_pieces(ActPlan& pl, PlanOptions opt, WorkspaceLayout& ws) {
       if (!pl.amax_pass) break;
       const bool one_launch = pl.cuda && !spec.columnwise && pl.rows * pl.out_cols <= kOneLaunchMaxElems;
       pl.amax_slots = one_launch ? kOneLaunchAmaxSlots : 0;
-      if (opt.exact_outputs) {
+      if (opt.current_amax_out) {
+        set_piece(pl, kAmaxRow, DType::kFloat32, Shape::of(1));
+        if (pl.amax_slots > 0) pl.amax_offset = ws.take(4 * pl.amax_slots);
+      } else if (opt.exact_outputs) {
         pl.amax_offset = ws.take(4 * (1 + pl.amax_slots));
       } else {
         pl.amax_in_scale_inv = true;

@@ -71,6 +71,9 @@ struct ActPlan {
 // current scaling's amax rides in row_scale_inv's allocation, one allocation less per call.
 struct PlanOptions {
   bool exact_outputs = false;
+  // current scaling's amax pass writes its amax into piece kAmaxRow (f32[1]) for the frontend to return (JAX's
+  // updated-amax result); otherwise that amax is scratch.
+  bool current_amax_out = false;
 };
 
 ActPlan plan_act(const ActRequest& r, const QuantSpec& spec, const ExecCtx& ctx, PlanOptions opt = {});

@@ -93,9 +93,11 @@ void run_fp8_per_tensor(const ActPlan& pl, const ActIO& io, const ExecCtx& ctx, 
   p.force_pow2 = spec.force_pow2();
   p.amax_epsilon = float(spec.amax_epsilon);
   if (pl.amax_pass) {
-    p.amax = pl.amax_in_scale_inv ? p.scale_inv + 1 : ws_at<float>(io, pl.amax_offset);
+    const bool amax_out = pl.pieces[kAmaxRow].present;  // PlanOptions::current_amax_out
+    p.amax = amax_out ? out_at<float>(pl, io, kAmaxRow)
+                      : (pl.amax_in_scale_inv ? p.scale_inv + 1 : ws_at<float>(io, pl.amax_offset));
     p.amax_in_call = true;
-    p.amax_partials = pl.amax_slots > 0 ? p.amax + 1 : nullptr;
+    p.amax_partials = pl.amax_slots == 0 ? nullptr : (amax_out ? ws_at<float>(io, pl.amax_offset) : p.amax + 1);
     p.amax_slots = pl.amax_slots;
   }
   p.mode = ScaleMode::kCurrent;
