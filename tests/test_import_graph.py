@@ -1,14 +1,19 @@
-"""The package's modules import each other without a cycle (issue 24): every module is parsed with `ast` (nothing is
+"""Both packages' modules import each other without a cycle (issue 24): every module is parsed with `ast` (nothing is
 imported), its module-level imports of the package become edges, and the graph must be acyclic. Imports inside
-functions do not count (they run after the package is loaded); they are printed, so a new one is seen."""
+functions do not count (they run after the package is loaded); they are printed, so a new one is seen. And the two
+frontends stay apart: no module of transformer_engine_jax imports torch, none of transformer_engine_torch jax."""
 import ast
 import pathlib
 
 import pytest
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = "transformer_engine_torch"
-ROOT = pathlib.Path(__file__).resolve().parents[1] / PACKAGE
-EXTENSIONS = ("_C",)  # compiled modules of the package: leaves (they import nothing of it)
+ROOT = REPO / PACKAGE
+# Each package: its compiled modules (leaves: they import nothing of it), a module the parse must find with edges,
+# and the other frontend's top-level package, which it must never import.
+PACKAGES = {"transformer_engine_torch": (("_C",), "gemm", "jax"),
+            "transformer_engine_jax": (("_ffi",), "cpp_extensions", "torch")}
 
 
 def _module_name(path: pathlib.Path, root: pathlib.Path) -> str:
@@ -43,10 +48,10 @@ def _targets(module: str, is_package: bool, node, modules: set) -> list:
     return out
 
 
-def import_graph(root: pathlib.Path = ROOT):
+def import_graph(root: pathlib.Path = ROOT, extensions=("_C",)):
     """({module: set of modules it imports at module level}, [(module, imported, line) of imports in functions])."""
     files = {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
-    modules = set(files) | {f"{_module_name(root / '__init__.py', root)}.{e}" for e in EXTENSIONS}
+    modules = set(files) | {f"{_module_name(root / '__init__.py', root)}.{e}" for e in extensions}
     graph, deferred = {m: set() for m in modules}, []
     for module, path in files.items():
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -94,15 +99,42 @@ def find_cycle(graph: dict):
     return None
 
 
-def test_package_import_graph_is_acyclic():
-    graph, deferred = import_graph()
-    assert f"{PACKAGE}.formats.base" in graph and graph[f"{PACKAGE}.gemm"], "the parse found no modules or edges"
+def top_level_imports(root: pathlib.Path):
+    """{(module file, top-level package name) of every absolute import anywhere in the package, functions included}."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                found.update((path.name, a.name.split(".")[0]) for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add((path.name, node.module.split(".")[0]))
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_package_import_graph_is_acyclic(package):
+    extensions, probe, _ = PACKAGES[package]
+    graph, deferred = import_graph(REPO / package, extensions)
+    assert f"{package}.{probe}" in graph and graph[f"{package}.{probe}"], "the parse found no modules or edges"
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
     # Imports inside functions are not edges (they run once the package is loaded), but one can hide a cycle: listed
     # here (pytest -rP shows them).
     for module, target, line in deferred:
         print(f"import inside a function: {module}:{line} -> {target}")
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_frontends_do_not_import_each_other(package, tmp_path):
+    forbidden = PACKAGES[package][2]
+    imports = top_level_imports(REPO / package)
+    own = "torch" if forbidden == "jax" else "jax"
+    assert any(top == own for _, top in imports), f"the parse found no import of {own} in {package}"
+    bad = sorted(f for f, top in imports if top == forbidden)
+    assert not bad, f"{package} imports {forbidden} in {bad}"
+    # the check sees an import of the other frontend however it is written, also inside a function
+    (tmp_path / "x.py").write_text(f"def f():\n    from {forbidden}.sub import y\n")
+    assert ("x.py", forbidden) in top_level_imports(tmp_path)
 
 
 def test_cycle_check_fails_on_a_cycle():
