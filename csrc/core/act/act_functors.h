@@ -109,15 +109,6 @@ struct ClampedSilu {
   TE_HD static float dlin(float b, const ActArgs& p) { return (b >= -p.limit && b <= p.limit) ? 1.0f : 0.0f; }
 };
 
-// Test-only (issue 24: a new activation through this header alone): softsign x / (1 + |x|), d = 1 / (1 + |x|)^2.
-struct Softsign : LinearGate {
-  TE_HD static float fwd(float x, const ActArgs&) { return x * recip_f32(1.0f + (x < 0.0f ? -x : x)); }
-  TE_HD static float bwd(float x, const ActArgs&) {
-    const float r = recip_f32(1.0f + (x < 0.0f ? -x : x));
-    return r * r;
-  }
-};
-
 // An activation op: the functor and whether it is gated (input [.., 2H] -> output [.., H]).
 template <class F, bool kGatedOp> struct ActOp {
   using Fn = F;
@@ -144,7 +135,6 @@ template <class F, bool kGatedOp> struct ActOp {
   X(kSrelu, 9, "srelu", SRelu, false, relu, __VA_ARGS__)                      \
   X(kSreglu, 10, "sreglu", SRelu, true, relu, __VA_ARGS__)                    \
   X(kClampedSwiglu, 11, "clamped_swiglu", ClampedSilu, true, silu, __VA_ARGS__) \
-  X(kSoftsign, 12, "softsign", Softsign, false, silu, __VA_ARGS__)               \
   X(kIdentity, 100, "identity", Identity, false, relu, __VA_ARGS__)
 
 // The rows of one family only: TE_FOR_EACH_ACTIVATION_OF(gelu, X, args...) calls X(row..., args...) for the rows
