@@ -2,18 +2,22 @@
 
 The layout: tests/ref/ the oracle (pure-PyTorch references, one module per SPEC section, and their self-tests),
 tests/torch/ the torch frontend's tests (helpers.py: devices, inputs, quantizer builders), tests/cpp/ checks of
-csrc/core compiled on the host. tests/jax/ comes with the JAX frontend (jax is not installed yet); its tests will
-reach the same oracle through `ref.as_torch` (DLPack). tests/ is a package: files import `from tests import ref`
-and `from tests.torch.helpers import ...`, and pytest puts the repository root on sys.path.
+csrc/core compiled on the host, tests/jax/ the JAX frontend's tests (they reach the same oracle through
+`ref.as_torch`, DLPack). tests/ is a package: files import `from tests import ref` and
+`from tests.torch.helpers import ...`, and pytest puts the repository root on sys.path.
 
 Holds what would otherwise live in pytest.ini (markers, warning filters) so that the suite is
 self-contained under tests/. GPU tests carry ``@pytest.mark.cuda`` and are skipped on machines
 without CUDA; ``pytest -m cuda`` selects exactly them on a GPU machine.
 """
 import logging
+import os
 
 import pytest
 import torch
+
+# torch and jax share one GPU in this process: without this, jax takes 75 % of its memory when it starts.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 
 def pytest_configure(config):

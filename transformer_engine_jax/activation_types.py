@@ -2,35 +2,33 @@
 
 TE/JAX names an activation by a tuple of per-half functions: `("gelu",)` is GELU, `("gelu", "linear")` is GEGLU
 (the activated half first, at index 0 of axis -2). The plain names of the torch frontend (`"swiglu"`, `"geglu"`,
-...) are accepted too. The codes are the core's `ActKind` values, which both frontends pass to the same kernels.
+...) are accepted too. The rows (code, name, gated) are the core's activation table, read from the extension.
 """
 from __future__ import annotations
 
 import typing
 
+from . import _ffi
+
 
 class ActivationType(typing.NamedTuple):
-    name: str  # the torch frontend's name of the forward op
+    name: str  # the core's (and the torch frontend's) name of the forward op
     code: int  # core ActKind / TE's activation enum
     spelling: tuple  # TE/JAX's tuple
     gated: bool
 
 
-_ROWS = (
-    ("gelu", 0, ("gelu",)),
-    ("geglu", 1, ("gelu", "linear")),
-    ("glu", 2, ("sigmoid", "linear")),
-    ("silu", 3, ("silu",)),
-    ("swiglu", 4, ("silu", "linear")),
-    ("relu", 5, ("relu",)),
-    ("reglu", 6, ("relu", "linear")),
-    ("qgelu", 7, ("quick_gelu",)),
-    ("qgeglu", 8, ("quick_gelu", "linear")),
-    ("srelu", 9, ("squared_relu",)),
-    ("sreglu", 10, ("squared_relu", "linear")),
-    ("clamped_swiglu", 11, ("clamped_silu", "clamped_linear")),
-)
-ACTIVATIONS = tuple(ActivationType(n, c, s, len(s) == 2) for n, c, s in _ROWS)
+# TE/JAX's spellings of the core's activations. The rows themselves come from the core's table (_ffi.activations());
+# one the core gains without a spelling here is spelled (name,) when unary, (name, "linear") when gated.
+_TE_SPELLING = {
+    "gelu": ("gelu",), "geglu": ("gelu", "linear"), "glu": ("sigmoid", "linear"), "silu": ("silu",),
+    "swiglu": ("silu", "linear"), "relu": ("relu",), "reglu": ("relu", "linear"), "qgelu": ("quick_gelu",),
+    "qgeglu": ("quick_gelu", "linear"), "srelu": ("squared_relu",), "sreglu": ("squared_relu", "linear"),
+    "clamped_swiglu": ("clamped_silu", "clamped_linear"),
+}
+ACTIVATIONS = tuple(
+    ActivationType(name, code, _TE_SPELLING.get(name, (name, "linear") if gated else (name,)), gated)
+    for code, name, gated in sorted(_ffi.activations()))
 _BY_KEY = {**{a.spelling: a for a in ACTIVATIONS}, **{a.name: a for a in ACTIVATIONS}}
 
 

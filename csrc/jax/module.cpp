@@ -101,6 +101,17 @@ py::dict plan_act(const std::string& op, int64_t act, bool backward, bool with_d
   return d;
 }
 
+// The core's activation table (act/act_functors.h) as [(code, name, gated)], TE's codes only: tej derives its
+// activations from it, so a new activation needs no JAX-side row.
+py::list activations() {
+  py::list rows;
+#define TE_JAX_ROW(code, value, name, F, gated, ...) \
+  if (te::ActKind::code != te::ActKind::kIdentity) rows.append(py::make_tuple(value, name, gated));
+  TE_FOR_EACH_ACTIVATION(TE_JAX_ROW)
+#undef TE_JAX_ROW
+  return rows;
+}
+
 }  // namespace
 }  // namespace te_jax
 
@@ -125,6 +136,7 @@ PYBIND11_MODULE(_ffi, m) {
            }),
            py::arg("scaling_mode"), py::arg("q_dtype"), py::arg("q_layout"), py::arg("flags"),
            py::arg("amax_epsilon"), py::arg("amax_given"));
+  m.def("activations", &te_jax::activations);
   m.def("cpu_targets", &te_jax::cpu_targets);
   m.def("cuda_targets", &te_jax::cuda_targets);
   m.def("plan_act", &te_jax::plan_act, py::arg("op"), py::arg("act"), py::arg("backward"), py::arg("with_dbias"),

@@ -117,3 +117,77 @@ def test_dequantize_bytes_equal_tex(mode, layout):
     want = tex.quantize(torch.from_dlpack(x), tq).dequantize()
     assert got.dtype == jnp.bfloat16 and got.shape == x.shape
     assert np.asarray(got).view(np.uint16).tobytes() == want.view(torch.int16).numpy().tobytes()
+
+
+def _gpu():
+    try:
+        return jax.devices("gpu")[0]
+    except RuntimeError:
+        return None
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mode", [None] + MODES, ids=lambda m: "plain" if m is None else m.name)
+@pytest.mark.parametrize("act", ["gelu", "swiglu", "qgeglu"])
+def test_cuda_bytes_equal_cpu_and_tex(act, mode):
+    """On the GPU: tej through XLA's CUDA handler = tej on the CPU = tex on CUDA, byte for byte."""
+    gpu = _gpu()
+    assert gpu is not None, "jax sees no GPU on a machine where torch does"
+    a = 2 if tej.activation_of(act).gated else 1
+    x = inputs((256, a, 512), jnp.bfloat16, 7)
+    q = None if mode is None else tej.QuantizerFactory.create(scaling_mode=mode, amax_history_len=4)
+    f = jax.jit(lambda x, q: ops.act_lu(x, act, q))
+    on_gpu = f(jax.device_put(x, gpu), jax.device_put(q, gpu))
+    on_cpu = f(jax.device_put(x, jax.devices("cpu")[0]), q)
+    leaves = lambda t: [np.asarray(v).view(np.uint8).tobytes() for v in jax.tree_util.tree_leaves(t)]  # noqa: E731
+    assert leaves(on_gpu) == leaves(on_cpu), f"{act} {mode}: CUDA bytes differ from CPU bytes"
+    xt = torch.from_dlpack(x).reshape(256, a * 512).cuda()
+    want = getattr(tex, act)(xt, None if mode is None else
+                             torch_quantizer(mode, torch.ones(1, device="cuda"), torch.zeros(1, device="cuda")))
+    if mode is None:
+        assert np.asarray(on_gpu).view(np.uint16).tobytes() == want.view(torch.int16).cpu().numpy().tobytes()
+    else:
+        assert_same_bytes(jax.device_get(on_gpu), _to_cpu(want), f"{act} {mode.name} on CUDA")
+
+
+def _to_cpu(t):
+    for name in ("_data", "_transpose", "_scale_inv", "_rowwise_data", "_rowwise_scale_inv", "_columnwise_data",
+                 "_columnwise_scale_inv"):
+        v = getattr(t, name, None)
+        if isinstance(v, torch.Tensor):
+            setattr(t, name, v.cpu())
+    return t
+
+
+_CMD_BUFFER_SCRIPT = """
+import hashlib, sys
+import jax, jax.numpy as jnp, numpy as np
+import transformer_engine_jax as tej
+x = (jax.random.normal(jax.random.PRNGKey(7), (256, 1, 512), jnp.float32) * 3).astype(jnp.bfloat16)
+q = tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.CURRENT_TENSOR_SCALING)
+f = jax.jit(lambda x: [tej.act_lu(x, "gelu", q), tej.act_lu(x, "gelu")])
+h = hashlib.sha256()
+for leaf in jax.tree_util.tree_leaves([f(x) for _ in range(3)]):
+    h.update(np.asarray(leaf).view(np.uint8).tobytes())
+print(h.hexdigest())
+"""
+
+
+@pytest.mark.cuda
+def test_command_buffer_gives_the_same_bytes():
+    """XLA's command buffers (CUDA graphs) with custom calls included replay our handlers with the same bytes."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    runs = {}
+    for flags in ("--xla_gpu_enable_command_buffer=", "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL "
+                  "--xla_gpu_graph_min_graph_size=1"):
+        out = subprocess.run([sys.executable, "-c", _CMD_BUFFER_SCRIPT], env=dict(env, XLA_FLAGS=flags),
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        runs[flags] = out.stdout.strip()
+    assert len(set(runs.values())) == 1, runs

@@ -269,13 +269,19 @@ class _TwoCopyTensor(QuantizedTensor):
         self._rowwise_data, self._rowwise_scale_inv = row, row_si
         self._columnwise_data, self._columnwise_scale_inv = col, col_si
 
+    # The class's own fields, set by _from_op from the arguments after the two copies (in this order).
+    _OP_FIELDS = ()
+
     @classmethod
-    def _bare(cls, shape, dtype, quantizer, row, row_si, col, col_si):
-        """The start of a `_from_op`: a tensor of what a quantizing op returned, header and both copies set without
-        `__init__`'s keyword parsing (trusted arguments); the caller sets its class's own fields."""
+    def _from_op(cls, shape, dtype, row, row_si, col, col_si, *fields_then_quantizer):
+        """The tensor of what a quantizing op returned, without `__init__`'s keyword parsing (trusted arguments):
+        the header, both copies, the values of the class's _OP_FIELDS, then the quantizer."""
+        *fields, quantizer = fields_then_quantizer
         t = object.__new__(cls)
         t._shape, t._dtype, t._quantizer, t.requires_grad = shape, dtype, quantizer, False
         t._set_copies(row, row_si, col, col_si)
+        for name, value in zip(cls._OP_FIELDS, fields):
+            setattr(t, name, value)
         return t
 
     @staticmethod

@@ -46,6 +46,8 @@ class Float8BlockwiseQTensor(_TwoCopyTensor):
     gemm_format, gemm_k_multiple = "FP8 block", 16
     native_gemm = NativeGemm(((9, 0),), 120900)
 
+    _OP_FIELDS = ("_fp8_dtype", "_is_2D_scaled")
+
     def __init__(self, *, shape=None, dtype=torch.float32, rowwise_data=None, columnwise_data=None,
                  rowwise_scale_inv=None, columnwise_scale_inv=None, fp8_dtype=DType.kFloat8E4M3, quantizer=None,
                  is_2D_scaled=True, requires_grad=False, device=None):
@@ -61,12 +63,6 @@ class Float8BlockwiseQTensor(_TwoCopyTensor):
         self._fp8_dtype = as_fp8_dtype(fp8_dtype)
         self._is_2D_scaled = bool(is_2D_scaled)
 
-    @classmethod
-    def _from_op(cls, shape, dtype, row, row_si, col, col_si, fp8_dtype, is_2d, quantizer):
-        """The tensor of what a quantizing op returned (trusted arguments, no keyword parsing)."""
-        t = cls._bare(shape, dtype, quantizer, row, row_si, col, col_si)
-        t._fp8_dtype, t._is_2D_scaled = fp8_dtype, is_2d
-        return t
 
     def dequantize(self, dtype=None) -> torch.Tensor:
         """fl(fp8 * scale_inv[block]) in FP32, rounded once to `dtype` (default: the nominal dtype); the rowwise copy

@@ -63,6 +63,8 @@ class MXFP8Tensor(_TwoCopyTensor):
     gemm_format, gemm_k_multiple = "MXFP8", 32
     native_gemm = NativeGemm(((10, None), (11, None)), 120800)
 
+    _OP_FIELDS = ("_fp8_dtype", "_with_gemm_swizzled_scales")
+
     def __init__(self, *, shape=None, dtype=torch.float32, rowwise_data=None, columnwise_data=None,
                  rowwise_scale_inv=None, columnwise_scale_inv=None, fp8_dtype=DType.kFloat8E4M3, quantizer=None,
                  with_gemm_swizzled_scales=False, requires_grad=False, device=None):
@@ -76,12 +78,6 @@ class MXFP8Tensor(_TwoCopyTensor):
         self._fp8_dtype = as_fp8_dtype(fp8_dtype)
         self._with_gemm_swizzled_scales = bool(with_gemm_swizzled_scales)
 
-    @classmethod
-    def _from_op(cls, shape, dtype, row, row_si, col, col_si, fp8_dtype, swizzled, quantizer):
-        """The tensor of what a quantizing op returned (trusted arguments, no keyword parsing)."""
-        t = cls._bare(shape, dtype, quantizer, row, row_si, col, col_si)
-        t._fp8_dtype, t._with_gemm_swizzled_scales = fp8_dtype, swizzled
-        return t
 
     @staticmethod
     def _typed_scale(s):

@@ -121,6 +121,8 @@ class NVFP4Tensor(_TwoCopyTensor):
     _BUFFERS = ("_rowwise_data", "_columnwise_data", "_amax_rowwise", "_amax_columnwise")
     _COPY_FIELDS = {"rowwise": ("_rowwise_data", "_rowwise_scale_inv", "_amax_rowwise"),
                     "columnwise": ("_columnwise_data", "_columnwise_scale_inv", "_amax_columnwise")}
+    _OP_FIELDS = ("_amax_rowwise", "_amax_columnwise", "_with_gemm_swizzled_scales")
+    _fp4_dtype = DType.kFloat4E2M1
 
     def __init__(self, *, shape=None, dtype=torch.float32, rowwise_data=None, columnwise_data=None,
                  rowwise_scale_inv=None, columnwise_scale_inv=None, amax_rowwise=None, amax_columnwise=None,
@@ -137,16 +139,8 @@ class NVFP4Tensor(_TwoCopyTensor):
         self._amax_columnwise = amax_columnwise
         if as_dtype(fp4_dtype, "NVFP4Tensor: fp4_dtype") != DType.kFloat4E2M1:
             raise ValueError(f"NVFP4Tensor: fp4_dtype must be kFloat4E2M1, got {fp4_dtype}")
-        self._fp4_dtype = DType.kFloat4E2M1
         self._with_gemm_swizzled_scales = bool(with_gemm_swizzled_scales)
 
-    @classmethod
-    def _from_op(cls, shape, dtype, row, row_si, col, col_si, amax_row, amax_col, swizzled, quantizer):
-        """The tensor of what a quantizing op returned (trusted arguments, no keyword parsing)."""
-        t = cls._bare(shape, dtype, quantizer, row, row_si, col, col_si)
-        t._amax_rowwise, t._amax_columnwise = amax_row, amax_col
-        t._fp4_dtype, t._with_gemm_swizzled_scales = DType.kFloat4E2M1, swizzled
-        return t
 
     def _fp8_view(self, name):
         t = getattr(self, name)

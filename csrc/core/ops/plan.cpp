@@ -101,7 +101,8 @@ std::string grad_dtype_message(const ActRequest& r, const std::string& grad_dtyp
 ActKind act_kind(const char* op, int64_t code) {
   if (!act_is_known(int(code)) || code == int64_t(ActKind::kIdentity)) {
     fail(ErrorKind::kValue, cat(std::string(op), ": activation code ", std::to_string(code),
-                                " is not known; accepted: 0..11 (TE's activation enum)"));
+                                " is not known; accepted: 0..", std::to_string(act_max_te_code()),
+                                " (TE's activation enum)"));
   }
   return static_cast<ActKind>(code);
 }
