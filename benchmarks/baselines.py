@@ -283,18 +283,30 @@ def compare_mx(got, ref, info):
         info.append(f"{label} MXFP8 bytes equal to reference: {100 * same:.3f} %")
 
 
+# The block formats' keys in the output dicts: {quant: (prefix, scale suffix)}, e.g. mx_row, mx_row_scale.
+_BLOCK_KEYS = {"mxfp8": ("mx", "_scale"), "nvfp4": ("nv", "_scale"), "fp8block": ("fb", "_sinv")}
+
+
+def _requested_copies(got, ref, prefix, scale_suffix, fmt):
+    """(side, label, our data, our scale, reference data) of each copy (rowwise; columnwise, transposed) the
+    reference has; raises ValidationError when ours lacks it or has another shape."""
+    for side, label in (("row", "rowwise"), ("col", "columnwise (transposed)")):
+        if f"{prefix}_{side}" not in ref:
+            continue
+        q, scale = got.get(f"{prefix}_{side}"), got.get(f"{prefix}_{side}{scale_suffix}")
+        if q is None:
+            raise ValidationError(f"no {label} {fmt} copy although it was requested")
+        rq = ref[f"{prefix}_{side}"]
+        if tuple(q.shape) != tuple(rq.shape):
+            raise ValidationError(f"{label} {fmt} data shape {tuple(q.shape)}, expected {tuple(rq.shape)}")
+        yield side, label, q, scale, rq
+
+
 def compare_fb(got, ref, info):
     """FP8 block pieces: a plain cast has no activation math, so codes and scales must equal the reference's."""
-    for side, label in (("row", "rowwise"), ("col", "columnwise (transposed)")):
-        if f"fb_{side}" not in ref:
-            continue
-        q, sinv = got.get(f"fb_{side}"), got.get(f"fb_{side}_sinv")
-        if q is None:
-            raise ValidationError(f"no {label} FP8 block copy although it was requested")
-        rq, rs = ref[f"fb_{side}"].view(torch.uint8), ref[f"fb_{side}_sinv"]
+    for side, label, q, sinv, rq in _requested_copies(got, ref, "fb", "_sinv", "FP8 block"):
+        rq, rs = rq.view(torch.uint8), ref[f"fb_{side}_sinv"]
         r, nb = rs.shape
-        if tuple(q.shape) != tuple(rq.shape):
-            raise ValidationError(f"{label} FP8 block data shape {tuple(q.shape)}, expected {tuple(rq.shape)}")
         # the op stores [K/128, roundup(M, 4)] (M contiguous); a compiled reference has the reference's own layout
         ours_sinv = sinv if tuple(sinv.shape) == tuple(rs.shape) else sinv[:nb, :r].t()
         if not torch.equal(ours_sinv, rs):
@@ -321,15 +333,7 @@ def compare_nv(got, ref, info):
     if "nv_amax" not in ref:
         return
     check_close("NVFP4 global amax", got["nv_amax"].reshape(1), ref["nv_amax"].reshape(1), TOL_SCALE, 0.0)
-    for side, label in (("row", "rowwise"), ("col", "columnwise (transposed)")):
-        if f"nv_{side}" not in ref:
-            continue
-        q, sf = got.get(f"nv_{side}"), got.get(f"nv_{side}_scale")
-        if q is None:
-            raise ValidationError(f"no {label} NVFP4 copy although it was requested")
-        rq = ref[f"nv_{side}"]
-        if tuple(q.shape) != tuple(rq.shape):
-            raise ValidationError(f"{label} NVFP4 data shape {tuple(q.shape)}, expected {tuple(rq.shape)}")
+    for side, label, q, sf, rq in _requested_copies(got, ref, "nv", "_scale", "NVFP4"):
         got_v, _ = nv_dequant(q, sf, got["nv_amax"])
         ref_v, unit = nv_dequant(rq, ref[f"nv_{side}_scale"], ref["nv_amax"])
         # ours evaluates the op with its own FP32 math: a value one bf16 ulp away may round to the neighbouring
@@ -391,21 +395,13 @@ def ours_outputs(spec, result, amax_buf):
             raise ValidationError(f"expected a plain tensor with quantizer=None, got {type(result).__name__}")
         out["y"] = result
         return out
-    if spec.quant == "mxfp8":
-        out["mx_row"], out["mx_row_scale"] = result._rowwise_data, result._rowwise_scale_inv
+    if spec.quant in _BLOCK_KEYS:
+        prefix, scale = _BLOCK_KEYS[spec.quant]
+        out[f"{prefix}_row"], out[f"{prefix}_row{scale}"] = result._rowwise_data, result._rowwise_scale_inv
+        if spec.quant == "nvfp4":
+            out["nv_amax"] = result._amax_rowwise
         if spec.columnwise:
-            out["mx_col"], out["mx_col_scale"] = result._columnwise_data, result._columnwise_scale_inv
-        return out
-    if spec.quant == "nvfp4":
-        out["nv_row"], out["nv_row_scale"] = result._rowwise_data, result._rowwise_scale_inv
-        out["nv_amax"] = result._amax_rowwise
-        if spec.columnwise:
-            out["nv_col"], out["nv_col_scale"] = result._columnwise_data, result._columnwise_scale_inv
-        return out
-    if spec.quant == "fp8block":
-        out["fb_row"], out["fb_row_sinv"] = result._rowwise_data, result._rowwise_scale_inv
-        if spec.columnwise:
-            out["fb_col"], out["fb_col_sinv"] = result._columnwise_data, result._columnwise_scale_inv
+            out[f"{prefix}_col"], out[f"{prefix}_col{scale}"] = result._columnwise_data, result._columnwise_scale_inv
         return out
     data = getattr(result, "_data", None)
     if data is None:

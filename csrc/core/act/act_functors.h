@@ -137,6 +137,23 @@ template <class F, bool kGatedOp> struct ActOp {
   X(kClampedSwiglu, 11, "clamped_swiglu", ClampedSilu, true, silu, __VA_ARGS__) \
   X(kIdentity, 100, "identity", Identity, false, relu, __VA_ARGS__)
 
+// The CUDA entry point of a kernel family over the table, inside namespace te: declares ns::launcher<ActOp<F,
+// gated>, bwd> for every row (instantiated in the per-family .cu files) and defines
+// `void entry(ActKind, bool backward, DType, const Params&, cudaStream_t)`, which dispatches through
+// visit_activation. TE_ACT_CUDA_ENTRY(activation_cuda, act_cuda, launch_act, ActKernelParams).
+#define TE_DECLARE_ACT_LAUNCHERS(code, value, name, F, gated, family, launcher, Params)     \
+  extern template void launcher<ActOp<F, gated>, false>(DType, const Params&, cudaStream_t); \
+  extern template void launcher<ActOp<F, gated>, true>(DType, const Params&, cudaStream_t);
+#define TE_ACT_CUDA_ENTRY(entry, ns, launcher, Params)                                            \
+  namespace ns {                                                                                  \
+  TE_FOR_EACH_ACTIVATION(TE_DECLARE_ACT_LAUNCHERS, launcher, Params)                              \
+  }                                                                                               \
+  void entry(ActKind kind, bool backward, DType in_dtype, const Params& p, cudaStream_t s) {      \
+    visit_activation(kind, backward, [&](auto op, auto bwd) {                                     \
+      ns::launcher<decltype(op), decltype(bwd)::value>(in_dtype, p, s);                           \
+    });                                                                                           \
+  }
+
 // The rows of one family only: TE_FOR_EACH_ACTIVATION_OF(gelu, X, args...) calls X(row..., args...) for the rows
 // whose family is gelu. A new family adds its row and column to this 3 x 3 selector.
 #define TE_ACT_FAMILY_gelu_gelu(...) __VA_ARGS__

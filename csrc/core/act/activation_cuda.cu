@@ -4,20 +4,8 @@
 #include "launch.cuh"
 
 namespace te {
-namespace act_cuda {
-// Defined in act_{gelu,silu,relu}_{fwd,bwd}.cu, one family of the activation table each.
-#define TE_DECLARE_ACT_CUDA(code, value, name, F, gated, ...)                                                          \
-  extern template void launch_act<ActOp<F, gated>, false>(DType, const ActKernelParams&, cudaStream_t);      \
-  extern template void launch_act<ActOp<F, gated>, true>(DType, const ActKernelParams&, cudaStream_t);
-TE_FOR_EACH_ACTIVATION(TE_DECLARE_ACT_CUDA)
-#undef TE_DECLARE_ACT_CUDA
-}  // namespace act_cuda
-
-void activation_cuda(ActKind kind, bool backward, DType in_dtype, const ActKernelParams& p, cudaStream_t s) {
-  visit_activation(kind, backward, [&](auto op, auto bwd) {
-    act_cuda::launch_act<decltype(op), decltype(bwd)::value>(in_dtype, p, s);
-  });
-}
+// The dispatch switch; launch_act is instantiated in act_{gelu,silu,relu}_{fwd,bwd}.cu, one family each.
+TE_ACT_CUDA_ENTRY(activation_cuda, act_cuda, launch_act, ActKernelParams)
 
 namespace {
 
