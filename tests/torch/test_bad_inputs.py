@@ -533,13 +533,16 @@ def build_cpu_only(tmp):
     Python files beside it."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     lib, build = os.path.join(tmp, "lib"), os.path.join(tmp, "build")
-    env = dict(os.environ, TE_FORCE_CPU="1", MAX_JOBS=str(os.cpu_count() or 1))
+    env = dict(os.environ, TE_FORCE_CPU="1", TE_NO_JAX="1", MAX_JOBS=str(os.cpu_count() or 1))
     subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", lib, "--build-temp", build], cwd=root,
                    env=env, check=True, capture_output=True, timeout=900)
-    pkg = os.path.join(lib, "transformer_engine_torch")
-    for f in os.listdir(os.path.join(root, "transformer_engine_torch")):
-        if f.endswith(".py"):
-            shutil.copy(os.path.join(root, "transformer_engine_torch", f), pkg)
+
+    def not_python(folder, names):  # the package's Python files and subpackages, not the in-place build's _C
+        return [n for n in names if not n.endswith(".py") and not os.path.isdir(os.path.join(folder, n))] + \
+            ["__pycache__"]
+
+    shutil.copytree(os.path.join(root, "transformer_engine_torch"), os.path.join(lib, "transformer_engine_torch"),
+                    ignore=not_python, dirs_exist_ok=True)
     return lib
 
 

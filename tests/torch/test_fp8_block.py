@@ -582,7 +582,7 @@ def assert_fb_same(a, b, msg):
 
 def _mixed(shape, dtype, seed, bits=False):
     """Uniform [-3, 3] with the dtype's special values scattered in, or uniformly random bit patterns."""
-    from helpers import random_bits, special_values
+    from tests.torch.helpers import random_bits, special_values
     g = torch.Generator().manual_seed(seed)
     if bits:
         return random_bits(shape, dtype, g=g)

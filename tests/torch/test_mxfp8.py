@@ -461,7 +461,7 @@ def test_opcheck(device, case):
 # ------------------------------------------------------------------------------------------------
 def _mixed_inputs(shape, dtype, seed, bits=False):
     """Uniform [-3, 3] values with the dtype's special values scattered in, or uniformly random bit patterns."""
-    from helpers import random_bits, special_values
+    from tests.torch.helpers import random_bits, special_values
     g = torch.Generator().manual_seed(seed)
     if bits:
         return random_bits(shape, dtype, g=g)
