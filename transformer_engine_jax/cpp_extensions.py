@@ -99,7 +99,8 @@ def _quantizer_inputs(quantizer, amax=None):
 
 
 def _data_dtype(quantizer):
-    if quantizer is None or quantizer.scaling_mode in (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING):
+    """The dtype a quantizer's data results carry: its FP8 dtype, or uint8 for NVFP4's packed E2M1 pairs."""
+    if quantizer.scaling_mode in (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING):
         return jnp.uint8
     return jnp.dtype(quantizer.q_dtype)
 

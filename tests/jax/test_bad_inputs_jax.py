@@ -64,3 +64,11 @@ def test_dz_dtype_must_match():
     dz = jax.ShapeDtypeStruct((4, 64), jnp.bfloat16)
     with pytest.raises(TypeError, match=r"dz dtype bfloat16 must match x dtype float32"):
         trace(lambda dz, x: tej.dact_lu(dz, x, "gelu"), dz, x)
+
+
+def test_nvfp4_stochastic_rounding_is_refused_by_name():
+    q = tej.QuantizerFactory.create(scaling_mode=SM.NVFP4_1D_SCALING, stochastic_rounding=True)
+    x = jax.ShapeDtypeStruct((32, 1, 64), jnp.bfloat16)
+    with pytest.raises(NotImplementedError, match=r"NVFP4Quantizer: stochastic rounding from JAX is not provided yet; "
+                                                  r"use stochastic_rounding=False"):
+        trace(lambda x: tej.act_lu(x, "gelu", q), x)
