@@ -18,6 +18,7 @@ from . import _ffi
 from .activation_types import activation_of
 from .quantizers import DelayedScaleQuantizer, QuantizeLayout, Quantizer, ScalingMode
 from .scaled_tensor import ScaledTensor
+from .sharding import elementwise
 
 # The core's DType codes (SPEC §1.3) of the dtypes tej passes in and gets back.
 _CODE_OF = {jnp.dtype(jnp.float32): 4, jnp.dtype(jnp.float16): 5, jnp.dtype(jnp.bfloat16): 6}
@@ -159,6 +160,8 @@ def act_lu(x, activation_type=("gelu",), quantizer=None, act_params=None):
     kernel (SPEC §5.1's fusion paths)."""
     act = activation_of(activation_type)
     core_shape = _split_gated("act_lu", x, act)
+    if quantizer is None and act_params is None:
+        return elementwise(functools.partial(_act_plain, act.name), (2,), 1, "... a k -> ... k")(x)
     out, pieces = _call("te_act_lu", "act_lu", act.code, False, False, x, core_shape, None, quantizer,
                         act_params=act_params)
     shape = (*x.shape[:-2], x.shape[-1])
@@ -167,11 +170,29 @@ def act_lu(x, activation_type=("gelu",), quantizer=None, act_params=None):
     return _scaled(out, pieces, quantizer, shape, x.dtype)
 
 
+def _act_plain(name, x):
+    """act(x) into x's dtype: one FFI call (the shard-local body of the partitioned plain act_lu)."""
+    act = activation_of(name)
+    out, _ = _call("te_act_lu", "act_lu", act.code, False, False, x, _split_gated("act_lu", x, act), None, None)
+    return out[0].reshape(*x.shape[:-2], x.shape[-1])
+
+
+def _dact_plain(name, dz, x):
+    """act'(x) * dz into x's dtype, [..., A, K] (the shard-local body of the partitioned plain dact_lu)."""
+    act = activation_of(name)
+    out, _ = _call("te_dact_lu_dbias_quantize", "dact_lu_dbias_quantize", act.code, True, False, x,
+                   _split_gated("dact_lu", x, act), dz, None)
+    return out[0].reshape(x.shape)
+
+
 def quantize_dact_dbias(dz, x, activation_type=("gelu",), is_dbias=True, quantizer=None, act_params=None):
     """(dx, dbias): dx = act'(x) * dz ([..., A, K], quantized when a quantizer is given), dbias = its column sums
     ([A*K]; unary activations only). dz is [..., K]."""
     act = activation_of(activation_type)
     core_shape = _split_gated("quantize_dact_dbias", x, act)
+    if quantizer is None and not is_dbias and act_params is None:
+        _check_float("dact_lu_dbias_quantize", "x", x)
+        return elementwise(functools.partial(_dact_plain, act.name), (1, 2), 2, "... k, ... a k -> ... a k")(dz, x), None
     out, pieces = _call("te_dact_lu_dbias_quantize", "dact_lu_dbias_quantize", act.code, True, is_dbias, x,
                         core_shape, dz, quantizer, act_params=act_params)
     dbias = out[6] if is_dbias else None
