@@ -161,13 +161,25 @@ def act_lu(x, activation_type=("gelu",), quantizer=None, act_params=None):
     act = activation_of(activation_type)
     core_shape = _split_gated("act_lu", x, act)
     if quantizer is None and act_params is None:
-        return elementwise(functools.partial(_act_plain, act.name), (2,), 1, "... a k -> ... k")(x)
+        return _plain_act(act.name)(x)
     out, pieces = _call("te_act_lu", "act_lu", act.code, False, False, x, core_shape, None, quantizer,
                         act_params=act_params)
     shape = (*x.shape[:-2], x.shape[-1])
     if quantizer is None:
         return out[0].reshape(shape)
     return _scaled(out, pieces, quantizer, shape, x.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_act(name):
+    """The partitioned plain act_lu of one activation (sharding.py), made once: jax caches by its identity."""
+    return elementwise(functools.partial(_act_plain, name), (2,), 1, "... a k -> ... k")
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_dact(name):
+    """The partitioned plain dact_lu of one activation, made once."""
+    return elementwise(functools.partial(_dact_plain, name), (1, 2), 2, "... k, ... a k -> ... a k")
 
 
 def _act_plain(name, x):
@@ -191,8 +203,7 @@ def quantize_dact_dbias(dz, x, activation_type=("gelu",), is_dbias=True, quantiz
     act = activation_of(activation_type)
     core_shape = _split_gated("quantize_dact_dbias", x, act)
     if quantizer is None and not is_dbias and act_params is None:
-        _check_float("dact_lu_dbias_quantize", "x", x)
-        return elementwise(functools.partial(_dact_plain, act.name), (1, 2), 2, "... k, ... a k -> ... a k")(dz, x), None
+        return _plain_dact(act.name)(dz, x), None
     out, pieces = _call("te_dact_lu_dbias_quantize", "dact_lu_dbias_quantize", act.code, True, is_dbias, x,
                         core_shape, dz, quantizer, act_params=act_params)
     dbias = out[6] if is_dbias else None

@@ -10,8 +10,8 @@ their padded layouts) and dbias (a sum over the sharded rows); XLA gathers their
 """
 from __future__ import annotations
 
-import functools
-
+import jax
+import jax.numpy as jnp
 from jax.custom_batching import custom_vmap
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
@@ -23,11 +23,11 @@ def _leading(arg, trailing: int) -> tuple:
     return spec[:len(spec) - trailing]
 
 
-@functools.lru_cache(maxsize=None)
 def elementwise(kernel, arg_trailing: tuple, out_trailing: int, rule: str):
     """`kernel(*arrays)` partitioned along the leading dims of its last argument: every argument and the result keep
     those leading dims sharded and their trailing dims (arg_trailing, out_trailing: how many) whole. `rule` is the
-    Shardy rule, e.g. "... a k -> ... k"."""
+    Shardy rule, e.g. "... a k -> ... k". Make it once per kernel and keep it: jax caches its traces and compiled
+    programs by the returned function's identity."""
 
     def shardings(mesh, arg_shapes):
         lead = _leading(arg_shapes[-1], arg_trailing[-1])
@@ -51,9 +51,7 @@ def elementwise(kernel, arg_trailing: tuple, out_trailing: int, rule: str):
     @call.def_vmap
     def batched(axis_size, in_batched, *arrays):
         # an elementwise call: the vmapped axis (axis 0 of the batched arguments) is one more leading dim
-        import jax.numpy as jnp
-
         arrays = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip(arrays, in_batched)]
         return call(*arrays), True
 
-    return call
+    return jax.jit(call)  # eager calls reuse one compiled program instead of tracing both wrappers each time
