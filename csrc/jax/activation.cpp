@@ -83,10 +83,7 @@ void run(const te::ops::ExecCtx& ctx, const Call& c, const Buf* dz, const Buf& x
   } else if (spec.kind == te::QuantKind::kFp8Current && qa.amax_given) {
     spec.amax = amax;
   }
-  te::ops::PlanOptions opt;
-  opt.exact_outputs = true;
-  opt.current_amax_out = spec.kind == te::QuantKind::kFp8Current && !qa.amax_given;
-  ActPlan plan = te::ops::plan_act(r, spec, ctx, opt);
+  ActPlan plan = te::ops::plan_act(r, spec, ctx, plan_options(spec, qa));
   if (plan.needs_rng()) plan.spec.rng = rng_of(rng, ctx);
   te::ops::ActIO io;
   io.x = x.untyped_data();

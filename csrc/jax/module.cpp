@@ -84,11 +84,8 @@ py::dict plan_act(const std::string& op, int64_t act, bool backward, bool with_d
   te::ops::ExecCtx ctx = cpu_ctx();
   ctx.cuda = cuda;
   ctx.arch = cuda ? "cuda" : "cpu";
-  te::ops::PlanOptions opt;
-  opt.exact_outputs = true;
   const te::ops::QuantSpec spec = spec_of(r.op, q);
-  opt.current_amax_out = spec.kind == te::QuantKind::kFp8Current && !q.amax_given;
-  const te::ops::ActPlan plan = te::ops::plan_act(r, spec, ctx, opt);
+  const te::ops::ActPlan plan = te::ops::plan_act(r, spec, ctx, plan_options(spec, q));
   py::list pieces;
   for (int i = 0; i < te::ops::kNumPieces; ++i) {
     const te::ops::PiecePlan& p = plan.pieces[i];

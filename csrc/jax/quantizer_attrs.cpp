@@ -32,6 +32,13 @@ te::ops::QuantSpec spec_of(const char* op, const QuantizerAttrs& q) {
                             kind == 1, kind == 1 || (kind == 2 && q.amax_given));
 }
 
+te::ops::PlanOptions plan_options(const te::ops::QuantSpec& spec, const QuantizerAttrs& q) {
+  te::ops::PlanOptions opt;
+  opt.exact_outputs = true;
+  opt.current_amax_out = spec.kind == te::QuantKind::kFp8Current && !q.amax_given;
+  return opt;
+}
+
 te::RngState rng_of(const ffi::AnyBuffer& rng, const te::ops::ExecCtx& ctx) {
   // 16 bytes: int64 [seed, offset], or uint32 [4] holding the same little-endian words (JAX without x64 has no
   // int64 arrays).

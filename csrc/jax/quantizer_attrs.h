@@ -37,6 +37,10 @@ struct ActParams {
 // The core's checked spec for these attributes; pointers are left for the handler to fill in.
 te::ops::QuantSpec spec_of(const char* op, const QuantizerAttrs& q);
 
+// The plan options of a tej call: XLA allocates every result with exactly its planned shape, and current scaling's
+// amax of the call comes back in the updated-amax result unless the amax was given.
+te::ops::PlanOptions plan_options(const te::ops::QuantSpec& spec, const QuantizerAttrs& q);
+
 // NVFP4 stochastic rounding's key from the rng argument (int64 [seed, offset], or the same 16 bytes as
 // uint32[4]): read on the device when the call runs on CUDA (capture-safe), directly on the CPU.
 te::RngState rng_of(const ffi::AnyBuffer& rng, const te::ops::ExecCtx& ctx);
