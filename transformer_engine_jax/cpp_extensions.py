@@ -9,6 +9,7 @@ time, with the core's message. Buffers, in the order the handlers bind them (csr
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -31,10 +32,15 @@ _WORKSPACE_ALIGN = 256  # the core aligns its workspace itself: XLA's buffer may
 
 @functools.lru_cache(maxsize=None)
 def _register() -> None:
-    """Registers every handler once, for the CPU and (when built with CUDA) for CUDA with its initialize stage."""
+    """Registers every handler once, for the CPU and (when built with CUDA) for CUDA with its initialize stage.
+    TEJ_NO_INITIALIZE=1 registers the CUDA execute stages alone: the switch that measures what the initialize
+    stage costs and what it prevents (bench_jax.py, the multi-GPU hang test)."""
     for name, capsule in _ffi.cpu_targets().items():
         jax.ffi.register_ffi_target(name, capsule, platform="cpu")
+    skip_init = os.environ.get("TEJ_NO_INITIALIZE", "0") == "1"
     for name, stages in _ffi.cuda_targets().items():
+        if skip_init:
+            stages = {"execute": stages["execute"]}
         jax.ffi.register_ffi_target(name, stages, platform="CUDA")
 
 
