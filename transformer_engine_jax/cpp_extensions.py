@@ -2,7 +2,8 @@
 
 Output shapes and dtypes, the workspace size and every input check come from the core's planner (`_ffi.plan_act`),
 the same plan the handler runs, so a bad input raises ValueError / TypeError / NotImplementedError here, at trace
-time, with the core's message. Buffers, in the order the handlers bind them (csrc/jax/activation.cpp):
+time, with the core's message. Under jax.jit with a sharded x each call runs on every device's rows (sharding.py,
+_sharded_call). Buffers, in the order the handlers bind them (csrc/jax/activation.cpp):
   args     [dz] x scale amax rng
   results  data colwise_data scale_inv colwise_scale_inv amax colwise_amax [dbias] workspace
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -17,9 +19,9 @@ import numpy as np
 
 from . import _ffi
 from .activation_types import activation_of
-from .quantizers import DelayedScaleQuantizer, QuantizeLayout, Quantizer, ScalingMode
+from .quantizers import FLAG_SWIZZLED, DelayedScaleQuantizer, QuantizeLayout, Quantizer, ScalingMode
 from .scaled_tensor import ScaledTensor
-from .sharding import elementwise
+from .sharding import along_leading_dims
 
 # The core's DType codes (SPEC §1.3) of the dtypes tej passes in and gets back.
 _CODE_OF = {jnp.dtype(jnp.float32): 4, jnp.dtype(jnp.float16): 5, jnp.dtype(jnp.bfloat16): 6}
@@ -44,14 +46,17 @@ def _register() -> None:
         jax.ffi.register_ffi_target(name, stages, platform="CUDA")
 
 
-def _attrs(quantizer: Quantizer | None, amax_given: bool = False) -> dict:
+def _attrs(quantizer: Quantizer | None, amax_given=False, amax_only=False, dbias_fp32=False) -> dict:
+    """The handlers' `quantizer` attribute (csrc/jax/quantizer_attrs.h): the quantizer, and how this call takes its
+    amax and returns dbias (the halves of a sharded call: amax_only, amax_given, dbias_fp32)."""
+    call = dict(amax_given=amax_given, amax_only=amax_only, dbias_fp32=dbias_fp32)
     if quantizer is None:
         return dict(scaling_mode=np.int64(0), q_dtype=np.int64(0), q_layout=np.int64(QuantizeLayout.ROWWISE),
-                    flags=np.int64(0), amax_epsilon=np.float32(0.0), amax_given=False)
+                    flags=np.int64(0), amax_epsilon=np.float32(0.0), **call)
     if not isinstance(quantizer, Quantizer):
         raise TypeError(f"quantizer must be a tej quantizer (QuantizerFactory.create) or None, got "
                         f"{type(quantizer).__name__}")
-    return dict(quantizer.ffi_attrs(), amax_given=amax_given)
+    return dict(quantizer.ffi_attrs(), **call)
 
 
 def _plan(op, code, backward, with_dbias, x_shape, dtype, grad_shape, attrs):
@@ -112,14 +117,24 @@ def _data_dtype(quantizer):
     return jnp.dtype(quantizer.q_dtype)
 
 
-def _call(target, op, code, backward, with_dbias, x, x_core_shape, dz, quantizer, amax=None, act_params=None):
-    _register()
+def _checked_plan(op, code, backward, with_dbias, x, x_core_shape, dz, quantizer, **call):
+    """(x's dtype, the attributes, the plan's pieces, its workspace bytes) of a call; raises on bad input."""
     dtype = _check_float(op, "x", x)
     if dz is not None and jnp.dtype(dz.dtype) != dtype:
         raise TypeError(f"{op}: dz dtype {jnp.dtype(dz.dtype)} must match x dtype {dtype}")
-    attrs = _attrs(quantizer, amax_given=amax is not None)
+    attrs = _attrs(quantizer, **call)
     pieces, ws_bytes = _plan(op, code, backward, with_dbias, x_core_shape, dtype,
                              () if dz is None else dz.shape, attrs)
+    return dtype, attrs, pieces, ws_bytes
+
+
+def _call(target, op, code, backward, with_dbias, x, x_core_shape, dz, quantizer, amax=None, act_params=None,
+          amax_only=False, dbias_fp32=False):
+    """One FFI call (on one device's arrays): its results in the handlers' order and the plan's pieces."""
+    _register()
+    dtype, attrs, pieces, ws_bytes = _checked_plan(op, code, backward, with_dbias, x, x_core_shape, dz, quantizer,
+                                                   amax_given=amax is not None, amax_only=amax_only,
+                                                   dbias_fp32=dbias_fp32)
     data_dtype = _data_dtype(quantizer) if quantizer is not None else dtype
     results = [_result_type(pieces[i], data_dtype if i in (_ROW_DATA, _COL_DATA) else None, dtype)
                for i in _RESULT_PIECES]
@@ -160,47 +175,147 @@ def _scaled(out, pieces, quantizer, shape, dtype):
         quantizer.scaling_mode, layout, tuple(shape), dtype)
 
 
+# ---- Partitioned calls (sharding.py) --------------------------------------------------------------------------
+# Where x's rows run in each piece (SPEC §4.8 layouts): the axis of data, colwise data, scale_inv and colwise scale_inv
+# at which x's leading dims (per-tensor scaling, no quantizer) or its row groups (block scales) start; None: the piece
+# does not depend on the rows.
+_ROWS_AT = {
+    ScalingMode.NO_SCALING: (0, None, None, None),
+    ScalingMode.DELAYED_TENSOR_SCALING: (0, 1, None, None),
+    ScalingMode.CURRENT_TENSOR_SCALING: (0, 1, None, None),
+    ScalingMode.MXFP8_1D_SCALING: (0, 0, 0, 0),
+    ScalingMode.NVFP4_1D_SCALING: (0, 1, 0, 1),
+    ScalingMode.NVFP4_2D_SCALING: (0, 1, 0, 1),
+    ScalingMode.BLOCK_SCALING_1x128: (0, 1, 1, 0),
+    ScalingMode.BLOCK_SCALING_128x128: (0, 1, 0, 1),
+}
+_NVFP4 = (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
+# The modes whose scale comes from the tensor's amax: a sharded call reduces the shards' amaxes first.
+_GLOBAL_AMAX = (ScalingMode.CURRENT_TENSOR_SCALING, *_NVFP4)
+
+
+def _mode(quantizer) -> ScalingMode:
+    return ScalingMode.NO_SCALING if quantizer is None else quantizer.scaling_mode
+
+
+def _row_group(quantizer, rows: int):
+    """How a call is partitioned over x's rows: 0 along x's own leading dims (no quantizer or per-tensor scaling: the
+    values are elementwise, the scale one per tensor); n > 0 in groups of n rows, the scale tensors' row padding
+    (SPEC §4.8: 128 rows; 512 for 128x128 tiles, whose colwise scale pads ceil(M/128) to 4), so that shards of whole
+    groups write scales that concatenate into the unsharded ones. None: not partitioned, XLA gathers x (block scales
+    of rows that are not whole groups; GEMM-swizzled scales; NVFP4 with RHT or stochastic rounding, whose columnwise
+    amax of transformed values and random stream are per tensor)."""
+    mode = _mode(quantizer)
+    if mode in (ScalingMode.NO_SCALING, ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING):
+        return 0
+    if quantizer.use_rht or quantizer.stochastic_rounding or quantizer.ffi_attrs()["flags"] & FLAG_SWIZZLED:
+        return None
+    group = 512 if mode == ScalingMode.BLOCK_SCALING_128x128 else 128
+    return group if rows % group == 0 else None
+
+
+def _out_lead(quantizer, with_dbias: bool) -> tuple:
+    """Per result (data .. colwise_amax, dbias), the axis where x's leading dims or row groups start; None: a result
+    the same on every device (scale_inv and amax of per-tensor scaling, amaxes, dbias, absent pieces)."""
+    layout = QuantizeLayout.ROWWISE if quantizer is None else quantizer.q_layout
+    used = (layout.rowwise, layout.colwise, layout.rowwise, layout.colwise)
+    pieces = tuple(at if u else None for at, u in zip(_ROWS_AT[_mode(quantizer)], used))
+    return pieces + (None, None) + ((None,) if with_dbias else ())
+
+
+class _Partitioned(NamedTuple):
+    """The static part of a partitioned call. Its arrays: [dz] x, the quantizer's leaves (its pytree structure
+    `qdef` holds the settings), [amax]; x (and dz) with their own leading dims, or as [G, group, ...] when grouped."""
+    target: str
+    op: str
+    code: int | None
+    backward: bool
+    with_dbias: bool
+    qdef: object
+    act_params: tuple | None
+    amax_given: bool
+    grouped: bool
+    out_lead: tuple
+    x_trailing: int
+
+
+def _shard_call(c: _Partitioned, axes, *arrays):
+    """The call on one device's rows; `axes`: the mesh axes that shard them (empty: all rows are here). Global amaxes
+    (current scaling, NVFP4) are taken per shard and MAX-reduced before the cast, delayed scaling's updated amax
+    after it; dbias is summed over the shards in FP32. Results as _out_lead lays them out."""
+    dz, x = (arrays[0], arrays[1]) if c.backward else (None, arrays[0])
+    rest = arrays[1 + c.backward:]
+    quantizer = jax.tree_util.tree_unflatten(c.qdef, rest[:c.qdef.num_leaves])
+    amax = rest[c.qdef.num_leaves] if c.amax_given else None
+    groups = x.shape[0]
+    if c.grouped:
+        x, dz = x.reshape(-1, *x.shape[2:]), None if dz is None else dz.reshape(-1, dz.shape[-1])
+    core = x.shape if c.code is None else (*x.shape[:-2], x.shape[-2] * x.shape[-1])
+    call = functools.partial(_call, c.target, c.op, c.code, c.backward, x=x, x_core_shape=core, dz=dz,
+                             quantizer=quantizer, act_params=None if c.act_params is None else dict(c.act_params))
+    own_amax = bool(axes) and amax is None and _mode(quantizer) in _GLOBAL_AMAX
+    if own_amax:
+        amax = jax.lax.pmax(call(False, amax_only=True)[0][4], axes)
+    out, _ = call(c.with_dbias, amax=amax, dbias_fp32=bool(axes))
+    out = list(out[:7 if c.with_dbias else 6])
+    if axes and _mode(quantizer) == ScalingMode.DELAYED_TENSOR_SCALING:
+        out[4] = jax.lax.pmax(out[4], axes)  # max(history amax, the shard's) -> max(history amax, the tensor's)
+    if own_amax and _mode(quantizer) in _NVFP4 and not quantizer.q_layout.rowwise:
+        out[4] = jnp.zeros_like(out[4])  # NVFP4 colwise only: the unsharded call leaves its zero amax argument there
+    if axes and c.with_dbias:
+        out[6] = jax.lax.psum(out[6], axes).astype(x.dtype)
+    if c.grouped:  # each piece's rows axis split into (groups, the rest)
+        out = [o if at is None else o.reshape(*o.shape[:at], groups, -1, *o.shape[at + 1:])
+               for o, at in zip(out, c.out_lead)]
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def _partitioned(c: _Partitioned):
+    """The partitioned call of one static configuration, made once: jax caches by its identity."""
+    arg_lead = (0,) * (1 + c.backward) + (None,) * (c.qdef.num_leaves + c.amax_given)
+    plain = c.qdef == jax.tree_util.tree_structure(None) and not c.with_dbias
+    return along_leading_dims(functools.partial(_shard_call, c), arg_lead, c.out_lead, c.x_trailing,
+                              elementwise=plain)
+
+
+def _sharded_call(target, op, code, with_dbias, x, x_core_shape, dz, quantizer, amax=None, act_params=None):
+    """A call partitioned over x's rows under jax.jit with a sharded x (sharding.py), where that keeps the unsharded
+    bytes (_row_group), else one unpartitioned call: (results data .. colwise_amax [dbias] in the unsharded shapes,
+    the plan's pieces), as _call."""
+    backward = target == "te_dact_lu_dbias_quantize"
+    n_lead = len(x_core_shape) - 1
+    _, _, pieces, _ = _checked_plan(op, code, backward, with_dbias, x, x_core_shape, dz, quantizer,
+                                    amax_given=amax is not None)  # the unsharded call's, checked
+    rows = int(np.prod(x_core_shape[:-1], dtype=np.int64))
+    group = _row_group(quantizer, rows)
+    if group is None or n_lead < 1:
+        return _call(target, op, code, backward, with_dbias, x, x_core_shape, dz, quantizer, amax, act_params)
+    if group:
+        x = x.reshape(rows // group, group, *x.shape[n_lead:])
+        dz = None if dz is None else dz.reshape(rows // group, group, dz.shape[-1])
+    first = x if dz is None else dz
+    c = _Partitioned(target, op, code, backward, with_dbias, jax.tree_util.tree_structure(quantizer),
+                     None if act_params is None else tuple(act_params.items()), amax is not None, group > 0,
+                     _out_lead(quantizer, with_dbias), first.ndim - (1 if group else n_lead))
+    arrays = ([] if dz is None else [dz]) + [x, *jax.tree_util.tree_leaves(quantizer)] + \
+        ([] if amax is None else [amax])
+    out = _partitioned(c)(*arrays)
+    kinds = _RESULT_PIECES + (_GRAD_BIAS,)
+    return [o.reshape(pieces[k][2]) if pieces[k][0] else o for o, k in zip(out, kinds)], pieces
+
+
 def act_lu(x, activation_type=("gelu",), quantizer=None, act_params=None):
     """act(x) for x [..., A, K] (A = 2 for gated activations: the activated part at index 0 of axis -2) -> [..., K],
     plain (x's dtype) without a quantizer, else a ScaledTensor of the quantizer's format, quantized in the same
     kernel (SPEC §5.1's fusion paths)."""
     act = activation_of(activation_type)
-    core_shape = _split_gated("act_lu", x, act)
-    if quantizer is None and act_params is None:
-        return _plain_act(act.name)(x)
-    out, pieces = _call("te_act_lu", "act_lu", act.code, False, False, x, core_shape, None, quantizer,
-                        act_params=act_params)
+    out, pieces = _sharded_call("te_act_lu", "act_lu", act.code, False, x, _split_gated("act_lu", x, act), None,
+                                quantizer, act_params=act_params)
     shape = (*x.shape[:-2], x.shape[-1])
     if quantizer is None:
         return out[0].reshape(shape)
     return _scaled(out, pieces, quantizer, shape, x.dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def _plain_act(name):
-    """The partitioned plain act_lu of one activation (sharding.py), made once: jax caches by its identity."""
-    return elementwise(functools.partial(_act_plain, name), (2,), 1, "... a k -> ... k")
-
-
-@functools.lru_cache(maxsize=None)
-def _plain_dact(name):
-    """The partitioned plain dact_lu of one activation, made once."""
-    return elementwise(functools.partial(_dact_plain, name), (1, 2), 2, "... k, ... a k -> ... a k")
-
-
-def _act_plain(name, x):
-    """act(x) into x's dtype: one FFI call (the shard-local body of the partitioned plain act_lu)."""
-    act = activation_of(name)
-    out, _ = _call("te_act_lu", "act_lu", act.code, False, False, x, _split_gated("act_lu", x, act), None, None)
-    return out[0].reshape(*x.shape[:-2], x.shape[-1])
-
-
-def _dact_plain(name, dz, x):
-    """act'(x) * dz into x's dtype, [..., A, K] (the shard-local body of the partitioned plain dact_lu)."""
-    act = activation_of(name)
-    out, _ = _call("te_dact_lu_dbias_quantize", "dact_lu_dbias_quantize", act.code, True, False, x,
-                   _split_gated("dact_lu", x, act), dz, None)
-    return out[0].reshape(x.shape)
 
 
 def quantize_dact_dbias(dz, x, activation_type=("gelu",), is_dbias=True, quantizer=None, act_params=None):
@@ -208,10 +323,8 @@ def quantize_dact_dbias(dz, x, activation_type=("gelu",), is_dbias=True, quantiz
     ([A*K]; unary activations only). dz is [..., K]."""
     act = activation_of(activation_type)
     core_shape = _split_gated("quantize_dact_dbias", x, act)
-    if quantizer is None and not is_dbias and act_params is None:
-        return _plain_dact(act.name)(dz, x), None
-    out, pieces = _call("te_dact_lu_dbias_quantize", "dact_lu_dbias_quantize", act.code, True, is_dbias, x,
-                        core_shape, dz, quantizer, act_params=act_params)
+    out, pieces = _sharded_call("te_dact_lu_dbias_quantize", "dact_lu_dbias_quantize", act.code, is_dbias, x,
+                                core_shape, dz, quantizer, act_params=act_params)
     dbias = out[6] if is_dbias else None
     if quantizer is None:
         return out[0].reshape(x.shape), dbias
@@ -224,11 +337,11 @@ def dact_lu(dz, x, activation_type=("gelu",), quantizer=None, act_params=None):
 
 
 def quantize(x, quantizer, amax=None):
-    """x quantized by `quantizer` (a ScaledTensor). `amax`: current scaling casts with this (already reduced) amax
-    instead of taking its own."""
+    """x quantized by `quantizer` (a ScaledTensor). `amax`: current scaling and NVFP4 (without RHT) cast with this
+    (already reduced) amax instead of taking their own."""
     if quantizer is None:
         raise ValueError("quantize: a quantizer is required (use the array as it is)")
-    out, pieces = _call("te_quantize", "quantize", None, False, False, x, x.shape, None, quantizer, amax)
+    out, pieces = _sharded_call("te_quantize", "quantize", None, False, x, x.shape, None, quantizer, amax)
     return _scaled(out, pieces, quantizer, x.shape, x.dtype)
 
 
@@ -236,6 +349,6 @@ def quantize_dbias(dz, quantizer, is_dbias=True):
     """(dz quantized, dbias = column sums of dz over its last dim)."""
     if quantizer is None:
         raise ValueError("quantize_dbias: a quantizer is required")
-    out, pieces = _call("te_quantize", "dbias_quantize" if is_dbias else "quantize", None, False, is_dbias, dz,
-                        dz.shape, None, quantizer)
+    out, pieces = _sharded_call("te_quantize", "dbias_quantize" if is_dbias else "quantize", None, is_dbias, dz,
+                                dz.shape, None, quantizer)
     return _scaled(out, pieces, quantizer, dz.shape, dz.dtype), (out[6] if is_dbias else None)

@@ -1,14 +1,28 @@
-"""Sharding of the tej calls that partition without communication (custom_partitioning with a Shardy rule).
+"""Sharding of the tej calls (custom_partitioning with a Shardy rule): under jax.jit with x sharded along its leading
+dims, each device runs the kernel on its shard, with no all-gather of x, and gets the unsharded call's bytes.
 
-The plain (unquantized) activations and their derivatives are elementwise over the leading dims, so under jax.jit
-with a batch- or sequence-sharded x each device runs the kernel on its shard: no all-gather of x, and the same bytes
-as the unsharded call. custom_partitioning has no batching rule, so each partitioned call is wrapped in a
-custom_vmap whose rule treats the vmapped axis as one more leading dim (the calls are elementwise).
+- Plain activations and their derivatives are elementwise over the leading dims.
+- Per-tensor FP8 quantizes elementwise with one scale. Delayed scaling casts each shard with the given scale and
+  MAX-reduces (pmax) the amaxes over the mesh axes that shard x; current scaling takes each shard's amax (an
+  amax-only call), pmaxes it and casts with it, so every shard has the unsharded scale.
+- Block formats (MXFP8, NVFP4, FP8 1x128 / 128x128) are partitioned over groups of rows (cpp_extensions.py views x
+  [..., A, K] as [G, group, A, K], group = the scale tensors' row padding), so that shards holding whole groups
+  write scale tensors that concatenate into the unsharded, padded ones; NVFP4's global amax is reduced as current
+  scaling's. When x's sharding does not give each device whole groups of consecutive rows (x sharded along a second
+  leading dim, or G not divisible by the shard count), XLA reshards x around the call (an all-gather at worst): the
+  same bytes, without the saving. Not partitioned at all (XLA gathers x): rows that are not whole groups, NVFP4 with
+  RHT or stochastic rounding, GEMM-swizzled scales (cpp_extensions._row_group says why).
+- dbias: each shard's FP32 column sums are added over the mesh (psum) and rounded once to x's dtype. The additions
+  run in another order than the unsharded kernel's, so dbias matches it to the SPEC §9 dbias tolerance, not bit for
+  bit; every other result is bit-exact.
 
-Not partitioned yet: the quantizing calls (per-tensor scales need a mesh-wide amax, block scales whole blocks and
-their padded layouts) and dbias (a sum over the sharded rows); XLA gathers their inputs.
+custom_partitioning has no batching rule, so each partitioned call is wrapped in a custom_vmap: an elementwise call
+takes the vmapped axis as one more leading dim (one launch, still partitioned), a quantizing or dbias call runs
+once per batch element (its scales and sums are per tensor), unpartitioned.
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -23,26 +37,62 @@ def _leading(arg, trailing: int) -> tuple:
     return spec[:len(spec) - trailing]
 
 
-def elementwise(kernel, arg_trailing: tuple, out_trailing: int, rule: str):
-    """`kernel(*arrays)` partitioned along the leading dims of its last argument: every argument and the result keep
-    those leading dims sharded and their trailing dims (arg_trailing, out_trailing: how many) whole. `rule` is the
-    Shardy rule, e.g. "... a k -> ... k". Make it once per kernel and keep it: jax caches its traces and compiled
-    programs by the returned function's identity."""
+def _mesh_axes(lead: tuple) -> tuple:
+    """The mesh axis names in partition spec entries, in order."""
+    return tuple(a for e in lead if e is not None for a in ((e,) if isinstance(e, str) else e))
 
-    def shardings(mesh, arg_shapes):
-        lead = _leading(arg_shapes[-1], arg_trailing[-1])
-        args = tuple(NamedSharding(mesh, PartitionSpec(*lead, *(None,) * t)) for t in arg_trailing)
-        return args, NamedSharding(mesh, PartitionSpec(*lead, *(None,) * out_trailing))
+
+def _rule(arg_lead: tuple, out_lead: tuple, x_trailing: int):
+    """The Shardy rule of a call, from the ranks of its arrays: the leading factors l0, l1, ... of the first argument
+    at each array's position in arg_lead / out_lead (None: none), a factor of its own for every other dim."""
+
+    def rule(mesh, value_types, result_types):
+        ranks = [len(t.shape) for t in (*value_types, *result_types)]
+        leading = [f"l{j}" for j in range(ranks[0] - x_trailing)]
+
+        def term(i, at, rank):
+            names = [f"f{i}_{j}" for j in range(rank)]
+            if at is not None:
+                names[at:at + len(leading)] = leading
+            return " ".join(names)
+
+        terms = [term(i, at, r) for i, (at, r) in enumerate(zip((*arg_lead, *out_lead), ranks))]
+        return ", ".join(terms[:len(value_types)]) + " -> " + ", ".join(terms[len(value_types):])
+
+    return rule
+
+
+def along_leading_dims(local, arg_lead: tuple, out_lead: tuple, x_trailing: int, elementwise: bool = False):
+    """`local(axes, *arrays)` -> a tuple of arrays, partitioned along the leading dims of its first argument (all but
+    its `x_trailing` last dims). An array whose entry in arg_lead / out_lead is an axis p holds those leading dims at
+    p, p+1, ... and is sharded as they are; an entry None: the array is replicated. `axes`: the mesh axes that shard
+    the leading dims (empty when one device holds them all), for `local`'s reductions. `elementwise`: local's results
+    do not depend on how its rows are batched, so vmap takes the vmapped axis as one more leading dim; otherwise vmap
+    runs local once per batch element (an elementwise call's arguments all hold the leading dims; results that do not
+    stay unbatched). Make it once per kernel and keep it: jax caches its traces and compiled programs by the returned
+    function's identity."""
+
+    def shardings(mesh, arg_shapes, result_shape):
+        lead = _leading(arg_shapes[0], x_trailing)
+
+        def sharding(at, rank):
+            if at is None:
+                return NamedSharding(mesh, PartitionSpec())
+            return NamedSharding(mesh, PartitionSpec(*(None,) * at, *lead, *(None,) * (rank - at - len(lead))))
+
+        args = tuple(sharding(at, len(a.shape)) for at, a in zip(arg_lead, arg_shapes))
+        return _mesh_axes(lead), args, tuple(sharding(at, len(r.shape)) for at, r in zip(out_lead, result_shape))
 
     def infer(mesh, arg_shapes, result_shape):
-        return shardings(mesh, arg_shapes)[1]
+        return shardings(mesh, arg_shapes, result_shape)[2]
 
     def partition(mesh, arg_shapes, result_shape):
-        args, out = shardings(mesh, arg_shapes)
-        return mesh, kernel, out, args
+        axes, args, outs = shardings(mesh, arg_shapes, result_shape)
+        return mesh, functools.partial(local, axes), outs, args
 
-    partitioned = custom_partitioning(kernel)
-    partitioned.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule)
+    partitioned = custom_partitioning(functools.partial(local, ()))
+    partitioned.def_partition(partition, infer_sharding_from_operands=infer,
+                              sharding_rule=_rule(arg_lead, out_lead, x_trailing))
 
     @custom_vmap
     def call(*arrays):
@@ -50,8 +100,11 @@ def elementwise(kernel, arg_trailing: tuple, out_trailing: int, rule: str):
 
     @call.def_vmap
     def batched(axis_size, in_batched, *arrays):
-        # an elementwise call: the vmapped axis (axis 0 of the batched arguments) is one more leading dim
-        arrays = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip(arrays, in_batched)]
-        return call(*arrays), True
+        if elementwise:  # the vmapped axis (axis 0 of the batched arguments) is one more leading dim
+            arrays = [a if b else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, b in zip(arrays, in_batched)]
+            return call(*arrays), tuple(at is not None for at in out_lead)
+        out = jax.vmap(functools.partial(local, ()), in_axes=tuple(0 if b else None for b in in_batched))(*arrays)
+        return out, (True,) * len(out)
 
     return jax.jit(call)  # eager calls reuse one compiled program instead of tracing both wrappers each time
+

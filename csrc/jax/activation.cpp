@@ -6,14 +6,15 @@
 // Arguments, results and attributes, in the order the Python calls pass them:
 //   args     [dz] x scale amax rng       dz: backward only; x [..., A, K] (A = 2: gated, activated half first);
 //                                        scale f32[1] (delayed scaling); amax f32[1] (delayed: accumulated; current
-//                                        scaling with amax_given: the reduced amax to use); rng i64[2] (NVFP4
+//                                        scaling and NVFP4 with amax_given: the reduced amax to use); rng i64[2] (NVFP4
 //                                        stochastic rounding: seed, offset)
 //   results  row_data col_data row_scale_inv col_scale_inv amax col_amax [dbias] workspace
 //            a piece the plan leaves out is a 0-element result; `amax` is aliased to the amax argument: delayed
 //            scaling's running amax, NVFP4's rowwise global amax, current scaling's amax of this call; col_amax:
 //            NVFP4's columnwise global amax.
 //   attrs    act (the core's ActKind; not for quantize), quantizer {scaling_mode, q_dtype, q_layout, flags,
-//            amax_epsilon, amax_given}, act_params {limit, alpha, offset} (clamped SwiGLU), [is_dbias]
+//            amax_epsilon, amax_given, amax_only, dbias_fp32}, act_params {limit, alpha, offset} (clamped SwiGLU),
+//            [is_dbias]
 #include "ffi_common.h"
 #include "quantizer_attrs.h"
 
@@ -80,7 +81,7 @@ void run(const te::ops::ExecCtx& ctx, const Call& c, const Buf* dz, const Buf& x
   if (spec.kind == te::QuantKind::kFp8Delayed) {
     spec.scale = static_cast<const float*>(scale.untyped_data());
     spec.amax = amax;
-  } else if (spec.kind == te::QuantKind::kFp8Current && qa.amax_given) {
+  } else if ((spec.kind == te::QuantKind::kFp8Current || spec.kind == te::QuantKind::kNvfp4) && qa.amax_given) {
     spec.amax = amax;
   }
   ActPlan plan = te::ops::plan_act(r, spec, ctx, plan_options(spec, qa));

@@ -128,11 +128,12 @@ PYBIND11_MODULE(_ffi, m) {
   });
   py::class_<te_jax::QuantizerAttrs>(m, "QuantizerAttrs")
       .def(py::init([](int64_t scaling_mode, int64_t q_dtype, int64_t q_layout, int64_t flags, float amax_epsilon,
-                       bool amax_given) {
-             return te_jax::QuantizerAttrs{scaling_mode, q_dtype, q_layout, flags, amax_epsilon, amax_given};
+                       bool amax_given, bool amax_only, bool dbias_fp32) {
+             return te_jax::QuantizerAttrs{scaling_mode, q_dtype,    q_layout,  flags,
+                                           amax_epsilon, amax_given, amax_only, dbias_fp32};
            }),
            py::arg("scaling_mode"), py::arg("q_dtype"), py::arg("q_layout"), py::arg("flags"),
-           py::arg("amax_epsilon"), py::arg("amax_given"));
+           py::arg("amax_epsilon"), py::arg("amax_given"), py::arg("amax_only"), py::arg("dbias_fp32"));
   m.def("activations", &te_jax::activations);
   m.def("cpu_targets", &te_jax::cpu_targets);
   m.def("cuda_targets", &te_jax::cuda_targets);

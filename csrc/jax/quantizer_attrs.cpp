@@ -27,15 +27,23 @@ te::ops::QuantSpec spec_of(const char* op, const QuantizerAttrs& q) {
   }
   const bool rowwise = QuantizeLayout(q.q_layout) != QuantizeLayout::kColwise;
   const bool colwise = QuantizeLayout(q.q_layout) != QuantizeLayout::kRowwise;
-  // Delayed scaling's scale and amax are always arguments here; current scaling's amax only when given.
+  constexpr int64_t kRht = 1 << 3;
+  if (kind == 4 && q.amax_given && colwise && (flags & kRht) != 0) {
+    te::fail(te::ErrorKind::kNotImplemented, std::string(op) + ": NVFP4 with the random Hadamard transform takes its "
+                                             "own amaxes (the columnwise one of the transformed values); a given amax "
+                                             "is not supported, pass amax=None");
+  }
+  // Delayed scaling's scale and amax are always arguments here; current scaling's and NVFP4's amax only when given.
   return te::ops::make_spec(op, kind, q.q_dtype, rowwise, colwise, flags, double(q.amax_epsilon), block_dim,
-                            kind == 1, kind == 1 || (kind == 2 && q.amax_given));
+                            kind == 1, kind == 1 || ((kind == 2 || kind == 4) && q.amax_given));
 }
 
 te::ops::PlanOptions plan_options(const te::ops::QuantSpec& spec, const QuantizerAttrs& q) {
   te::ops::PlanOptions opt;
   opt.exact_outputs = true;
   opt.current_amax_out = spec.kind == te::QuantKind::kFp8Current && !q.amax_given;
+  opt.amax_only = q.amax_only;
+  opt.dbias_fp32 = q.dbias_fp32;
   return opt;
 }
 

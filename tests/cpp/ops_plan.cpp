@@ -111,6 +111,23 @@ int main() {
     expect(pl.dbias_offset == 0 && pl.workspace_bytes >= 4 * pl.dbias_rows * 16, "dbias workspace");
     std::puts("dbias ok");
   }
+  {  // The halves of a sharded call: the amax pass alone (one f32 piece, no workspace); dbias in FP32.
+    QuantSpec s = make_spec("act_quantize", 4, 10, true, true, 0, 0.0, 1, false, false);
+    PlanOptions amax_only;
+    amax_only.amax_only = true;
+    const ActPlan pl = plan_act(
+        request("act_quantize", ActKind::kSwiglu, false, false, Shape::of(32, 64), DType::kBFloat16), s, cuda, amax_only);
+    expect(pl.amax_only && piece_is(pl, kAmaxRow, DType::kFloat32, Shape::of(1)) && pl.workspace_bytes == 0,
+           "amax_only amax piece");
+    expect(!pl.pieces[kRowData].present && !pl.pieces[kColData].present && !pl.pieces[kAmaxCol].present,
+           "amax_only nothing else");
+    PlanOptions fp32;
+    fp32.dbias_fp32 = true;
+    const ActPlan db = plan_act(request("dbias_dact", ActKind::kGelu, true, true, Shape::of(8, 16), DType::kBFloat16),
+                                QuantSpec{}, cpu, fp32);
+    expect(piece_is(db, kGradBias, DType::kFloat32, Shape::of(16)), "dbias_fp32 grad_bias");
+    std::puts("sharded ok");
+  }
   {  // The checks raise typed errors with the op's name first.
     expect_error([&] { plan_act(request("act", ActKind::kGeglu, false, false, Shape::of(4, 5), DType::kFloat32),
                                 QuantSpec{}, cpu); },

@@ -19,4 +19,5 @@ def test_ops_plan_without_torch(tmp_path):
     assert build.returncode == 0, build.stderr
     run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.split() == ["mxfp8", "ok", "fp8_current", "ok", "nvfp4", "ok", "dbias", "ok", "errors", "ok"]
+    assert run.stdout.split() == ["mxfp8", "ok", "fp8_current", "ok", "nvfp4", "ok", "dbias", "ok", "sharded", "ok",
+                                  "errors", "ok"]

@@ -1,6 +1,9 @@
-"""Sharded inputs on an 8-device CPU mesh: the plain activations run on each device's shard (no all-gather of x in
-the compiled HLO) and give the unsharded call's bytes. Runs in a subprocess: the device count is fixed when jax
-starts."""
+"""Sharded inputs on an 8-device CPU mesh: the plain and the quantizing calls run on each device's shard (no
+all-gather in the compiled HLO) and give the unsharded call's bytes in every result (data, colwise data, scale_inv,
+colwise scale_inv, amaxes); dbias, summed over the shards in FP32 and rounded once, is checked against a float64
+reference with SPEC §9's dbias tolerance (another addition order than the unsharded kernel's, so not bit for bit).
+A block-format call whose rows are not whole groups of 128 falls back (XLA gathers x) with the same bytes. Runs in a
+subprocess: the device count is fixed when jax starts."""
 import os
 import subprocess
 import sys
@@ -10,42 +13,76 @@ import pytest
 pytest.importorskip("jax")
 
 SCRIPT = r"""
+import dataclasses
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import transformer_engine_jax as tej
 
+SM = tej.ScalingMode
 assert len(jax.devices()) == 8
-bits = lambda a: np.asarray(a).view(np.uint8).tobytes()
-x = (jax.random.normal(jax.random.PRNGKey(0), (16, 32, 2, 64), jnp.float32) * 3).astype(jnp.bfloat16)
-dz = jax.random.normal(jax.random.PRNGKey(1), (16, 32, 64), jnp.bfloat16)
+leaves = lambda t: [np.asarray(a).view(np.uint8).tobytes() for a in jax.tree_util.tree_leaves(t)]
+normal = lambda key, shape: (jax.random.normal(jax.random.PRNGKey(key), shape, jnp.float32) * 3).astype(jnp.bfloat16)
+x, dz = normal(0, (16, 32, 2, 64)), normal(1, (16, 32, 64))
 x1 = x[:, :, :1, :]
-for shape, spec in (((8,), P("dp")), ((4, 2), P("dp", "sp"))):
+big = normal(2, (64, 16, 2, 64))   # 1024 rows: whole groups of 128 on every device
+odd = normal(3, (24, 4, 2, 64))    # 96 rows: not a whole group, so block formats fall back
+quantizer = lambda mode, **kw: tej.QuantizerFactory.create(scaling_mode=mode, **kw)
+cs, mx, nv = quantizer(SM.CURRENT_TENSOR_SCALING), quantizer(SM.MXFP8_1D_SCALING), quantizer(SM.NVFP4_1D_SCALING)
+delayed = dataclasses.replace(quantizer(SM.DELAYED_TENSOR_SCALING, amax_history_len=2),
+                              scale=jnp.array([0.375], jnp.float32), amax_history=jnp.array([5.0, 1.0], jnp.float32))
+swiglu = lambda q: lambda x: tej.act_lu(x, ("silu", "linear"), q)
+gelu = lambda q: lambda x: tej.act_lu(x, "gelu", q)
+dbias = lambda q: lambda dz, x: tej.quantize_dact_dbias(dz, x, "gelu", True, q)
+cases = (  # name, function, arguments, a block format (its rows sharded as one dim on the (4, 2) mesh)
+    ("plain act_lu", swiglu(None), (x,), False),
+    ("plain dact_lu", lambda dz, x: tej.dact_lu(dz, x, "gelu"), (dz, x1), False),
+    ("plain grad", jax.grad(lambda x: jnp.sum(tej.activation(x, "swiglu").astype(jnp.float32))), (x,), False),
+    ("current swiglu", swiglu(cs), (x,), False),
+    ("current gelu", gelu(cs), (x1,), False),
+    ("delayed swiglu", swiglu(delayed), (x,), False),
+    ("current quantize", lambda x: tej.quantize(x, cs), (dz,), False),
+    ("current dact dbias", dbias(cs), (dz, x1), False),
+    ("nvfp4 gelu", gelu(nv), (big[:, :, :1],), True),
+    ("mxfp8 swiglu", swiglu(mx), (big,), True),
+    ("mxfp8 dact dbias", dbias(mx), (big[:, :, 0], big[:, :, 1:]), True),
+)
+
+
+def check_dbias(name, got, args):  # against float64 sums of the FP32 act'(x) * dz, SPEC §9's bf16 dbias tolerance
+    values = tej.dact_lu(*(a.astype(jnp.float32) for a in args), "gelu")
+    ref = np.asarray(values, np.float64).reshape(-1, values.shape[-1]).sum(axis=0)
+    got = np.asarray(got, np.float64)
+    tolerance = 1e-5 + 4 * 1.6e-2 * np.abs(ref)
+    assert (np.abs(got - ref) <= tolerance).all(), (name, got[:4], ref[:4])
+    assert not (np.abs(-got - ref) <= tolerance).all(), name  # the check can fail
+
+
+for shape in ((8,), (4, 2)):
     mesh = Mesh(np.array(jax.devices()).reshape(shape), ("dp", "sp")[:len(shape)])
-    put = lambda a, tail: jax.device_put(a, NamedSharding(mesh, P(*spec, *(None,) * tail)))
-    xs, dzs, x1s = put(x, 2), put(dz, 1), put(x1, 2)
-    fwd = jax.jit(lambda x: tej.act_lu(x, ("silu", "linear")))
-    bwd = jax.jit(lambda dz, x: tej.dact_lu(dz, x, ("gelu",)))
-    grad = jax.jit(jax.grad(lambda x: jnp.sum(tej.activation(x, "swiglu").astype(jnp.float32))))
-    for name, f, args, want in (("act_lu", fwd, (xs,), tej.act_lu(x, "swiglu")),
-                                ("dact_lu", bwd, (dzs, x1s), tej.dact_lu(dz, x1, "gelu")),
-                                ("grad", grad, (xs,), jax.grad(lambda x: jnp.sum(
-                                    tej.activation(x, "swiglu").astype(jnp.float32)))(x))):
-        got = f(*args)
-        hlo = f.lower(*args).compile().as_text()
-        assert bits(got) == bits(want), (name, shape)
-        assert "all-gather" not in hlo, (name, shape, "an all-gather in the compiled program")
-        assert tuple(got.sharding.spec)[:len(spec)] == tuple(spec), (name, shape, got.sharding)
-# the check would see a gather: a quantizing call is not partitioned yet, so XLA gathers x for it
-q = tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.CURRENT_TENSOR_SCALING)
+    for name, f, args, block in cases:
+        spec = P(("dp", "sp")) if block and len(shape) == 2 else P(*mesh.axis_names)
+        put = lambda a: jax.device_put(a, NamedSharding(mesh, P(*spec, *(None,) * (a.ndim - len(spec)))))
+        sharded = tuple(put(a) for a in args)
+        compiled = jax.jit(f).lower(*sharded).compile()
+        got, want = compiled(*sharded), f(*args)
+        if "dbias" in name:  # (dx, dbias)
+            check_dbias(name, got[1], args)
+            got, want = got[0], want[0]
+        assert leaves(got) == leaves(want), (name, shape)
+        assert "all-gather" not in compiled.as_text(), (name, shape, "an all-gather in the compiled program")
+        assert not jax.tree_util.tree_leaves(got)[0].sharding.is_fully_replicated, (name, shape)
+
+# fallback: MXFP8 of 96 rows (scale rows padded to 128) is not partitioned: XLA gathers x, the bytes are unchanged
 mesh = Mesh(np.array(jax.devices()), ("dp",))
-xs = jax.device_put(x, NamedSharding(mesh, P("dp", None, None, None)))
-quantized = jax.jit(lambda x: tej.act_lu(x, "swiglu", q).data)
-assert "all-gather" in quantized.lower(xs).compile().as_text()
+odd_sharded = jax.device_put(odd, NamedSharding(mesh, P("dp")))
+fallback = jax.jit(swiglu(mx)).lower(odd_sharded).compile()
+assert leaves(fallback(odd_sharded)) == leaves(swiglu(mx)(odd))
+assert "all-gather" in fallback.as_text()
 print("ok")
 """
 
 
-def test_plain_activations_shard_without_all_gather():
+def test_sharded_calls_run_per_shard_with_unsharded_bytes():
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
                PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -83,7 +83,8 @@ struct ExecCtx {
 };
 
 // The quantizer spec (SPEC §1.4) with its tensors as pointers: scale [1] (delayed scaling), amax [1] (delayed:
-// accumulated; current: an already reduced amax that skips the amax pass), noop [1] (1.0: write nothing).
+// accumulated; current scaling and NVFP4: an already reduced amax that skips the amax pass, for NVFP4 the global
+// amax of both copies, so not with a Hadamard-transformed columnwise copy), noop [1] (1.0: write nothing).
 // `rng` is the NVFP4 stochastic-rounding key, which the frontend fills in when ActPlan::needs_rng() says so.
 struct QuantSpec {
   QuantKind kind = QuantKind::kNone;

@@ -387,12 +387,17 @@ ActPlan plan_act(const ActRequest& r, const QuantSpec& spec, const ExecCtx& ctx,
   const bool mx = spec.kind == QuantKind::kMxfp8;
   if (mx) check_mxfp8_shape(pl, ctx);
   if (spec.kind == QuantKind::kNvfp4) check_nvfp4_request(pl, ctx);
+  if (opt.amax_only) {
+    pl.amax_only = true;
+    set_piece(pl, kAmaxRow, DType::kFloat32, Shape::of(1));
+    return pl;
+  }
   WorkspaceLayout ws;
   if (r.with_dbias) {
     if (act_is_gated(r.kind)) fail(ErrorKind::kValue, op_name(r) + ": dbias is defined for unary activations only");
     pl.dbias_rows = mx ? mxfp8_dbias_blocks(pl.rows) : act_dbias_blocks(pl.rows, pl.cols);
     pl.dbias_offset = ws.take(4 * pl.dbias_rows * pl.out_cols);
-    set_piece(pl, kGradBias, r.x.dtype, Shape::of(pl.out_cols));
+    set_piece(pl, kGradBias, opt.dbias_fp32 ? DType::kFloat32 : r.x.dtype, Shape::of(pl.out_cols));
   }
   if (int(spec.kind) < 0 || int(spec.kind) > 5) {
     fail(ErrorKind::kNotImplemented, cat(op_name(r), ": quantizer kind ", std::to_string(int(spec.kind)),

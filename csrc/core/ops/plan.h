@@ -62,6 +62,7 @@ struct ActPlan {
   int amax_slots = 0;
   // NVFP4 on CUDA may take the two-pass fused kernel (needs only the amax scratch) when the buffers are aligned.
   bool nvfp4_fused_candidate = false;
+  bool amax_only = false;  // PlanOptions::amax_only
 
   bool needs_rng() const { return spec.kind == QuantKind::kNvfp4 && spec.stochastic_rounding(); }
 };
@@ -74,6 +75,13 @@ struct PlanOptions {
   // current scaling's amax pass writes its amax into piece kAmaxRow (f32[1]) for the frontend to return (JAX's
   // updated-amax result); otherwise that amax is scratch.
   bool current_amax_out = false;
+  // The two halves of a call whose amax is reduced over several devices (a sharded tensor). amax_only: the call is
+  // only the amax pass of SPEC §5.1 (the amax of the op's unrounded FP32 values, as current scaling and NVFP4 take
+  // it) into piece kAmaxRow (f32[1]); no other piece, no dbias. The frontend reduces it and runs the call again with
+  // the reduced amax in QuantSpec::amax. dbias_fp32: grad_bias comes back as FP32 column sums, not rounded to the
+  // input dtype, for the frontend to add over the devices and round once.
+  bool amax_only = false;
+  bool dbias_fp32 = false;
 };
 
 ActPlan plan_act(const ActRequest& r, const QuantSpec& spec, const ExecCtx& ctx, PlanOptions opt = {});

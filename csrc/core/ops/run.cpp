@@ -73,6 +73,14 @@ bool nvfp4_fused(const ActPlan& pl, const ActIO& io) {
          (!pl.spec.rowwise || aligned(io.out[kRowData], 4));
 }
 
+// The amax pass of SPEC §5.1 alone: amax[0] = the amax of the op's unrounded FP32 values (zeroed first).
+void run_amax_pass(const ActPlan& pl, const ExecCtx& ctx, const ActKernelParams& base, float* amax) {
+  zero_bytes(ctx, amax, sizeof(float));
+  ActKernelParams pa = amax_pass_params(base);
+  pa.amax = amax;
+  launch_activation(ctx, pl, pa);
+}
+
 // FULLY_FUSED / FUSED_ACTIVATION_AMAX_FP8 for per-tensor FP8 (SPEC §5.1). Current scaling: amax pass over the
 // unrounded activation, then recompute + cast; an amax passed in the spec is an already (all-)reduced amax, and the
 // first pass is skipped. The kernel launcher takes the amax itself (ActKernelParams::amax_in_call), so nothing is
@@ -157,21 +165,41 @@ void run_fp8_block_path(const ActPlan& pl, const ActIO& io, const ExecCtx& ctx, 
                quantize_fp8_block_cpu(pl.req.x.dtype, p, *ctx.parallel_for));
 }
 
+// NVFP4's global amaxes of a call (SPEC §4.6) into amax[0..1]: of the unrounded FP32 activation (the activation
+// kernel's amax pass) or, for a plain cast and with RHT, of the values cast (`src`), the columnwise one of the
+// transformed transpose.
+void nvfp4_amaxes(const ActPlan& pl, const ExecCtx& ctx, const ActKernelParams& base, const void* src, float* amax) {
+  const QuantSpec& spec = pl.spec;
+  const bool identity = pl.req.kind == ActKind::kIdentity && !pl.req.backward;
+  if (!identity && !spec.rht()) return run_amax_pass(pl, ctx, base, amax);
+  zero_bytes(ctx, amax, 2 * sizeof(float));
+  const bool rht_col = spec.rht() && spec.columnwise;
+  Nvfp4AmaxParams ap;
+  ap.x = src;
+  ap.amax_row = amax;
+  ap.amax_col = rht_col ? amax + 1 : nullptr;
+  ap.rows = pl.rows;
+  ap.cols = pl.out_cols;
+  ap.rht = rht_col;
+  ap.rht_sign_mask = spec.random_sign_mask() ? kRhtSignMask : 0u;
+  const DType dt = pl.req.x.dtype;
+  TE_ON_DEVICE(ctx, nvfp4_amax_cuda(dt, ap, stream_of(ctx)), nvfp4_amax_cpu(dt, ap, *ctx.parallel_for));
+}
+
 // NVFP4 (SPEC §5.1). Without RHT (FUSED_ACTIVATION_AMAX_NVFP4): the global amax is taken over the unrounded FP32
 // activation by the activation kernel's amax pass, then rnd_in(act(x)) is written to a temporary (with the dbias
 // partials of the unrounded values) and cast with that amax for both copies. A plain cast reads x directly and
 // takes its amax from x. With RHT (UNFUSED): rnd_in(act(x)) in a temporary, then the ordinary cast of it, amaxes
-// (rowwise of the values, columnwise of the transformed transpose) included.
+// (rowwise of the values, columnwise of the transformed transpose) included. An amax given in the spec (already
+// reduced over devices; never with RHT's columnwise copy) replaces the amax passes.
 void run_nvfp4_path(const ActPlan& pl, const ActIO& io, const ExecCtx& ctx, const ActKernelParams& base) {
   const QuantSpec& spec = pl.spec;
   const ActRequest& r = pl.req;
   const DType dt = r.x.dtype;
-  float* amax = ws_at<float>(io, pl.amax_offset);
+  const bool given = spec.amax != nullptr;
+  float* amax = given ? spec.amax : ws_at<float>(io, pl.amax_offset);
   if (nvfp4_fused(pl, io)) {
-    zero_bytes(ctx, amax, sizeof(float));
-    ActKernelParams pa = amax_pass_params(base);
-    pa.amax = amax;
-    launch_activation(ctx, pl, pa);
+    if (!given) run_amax_pass(pl, ctx, base, amax);
     ActKernelParams pq = base;
     pq.mode = ScaleMode::kNvfp4;
     pq.amax = amax;
@@ -186,7 +214,6 @@ void run_nvfp4_path(const ActPlan& pl, const ActIO& io, const ExecCtx& ctx, cons
     launch_activation(ctx, pl, pq);
     return;
   }
-  zero_bytes(ctx, amax, 2 * sizeof(float));
   const bool identity = r.kind == ActKind::kIdentity && !r.backward;
   const bool rht_col = spec.rht() && spec.columnwise;
   const void* src = io.x;
@@ -197,21 +224,7 @@ void run_nvfp4_path(const ActPlan& pl, const ActIO& io, const ExecCtx& ctx, cons
     launch_activation(ctx, pl, pp);
     if (!identity) src = pp.out;
   }
-  if (!identity && !spec.rht()) {
-    ActKernelParams pa = amax_pass_params(base);
-    pa.amax = amax;
-    launch_activation(ctx, pl, pa);
-  } else {
-    Nvfp4AmaxParams ap;
-    ap.x = src;
-    ap.amax_row = amax;
-    ap.amax_col = rht_col ? amax + 1 : nullptr;
-    ap.rows = pl.rows;
-    ap.cols = pl.out_cols;
-    ap.rht = rht_col;
-    ap.rht_sign_mask = spec.random_sign_mask() ? kRhtSignMask : 0u;
-    TE_ON_DEVICE(ctx, nvfp4_amax_cuda(dt, ap, stream_of(ctx)), nvfp4_amax_cpu(dt, ap, *ctx.parallel_for));
-  }
+  if (!given) nvfp4_amaxes(pl, ctx, base, src, amax);
   Nvfp4Params p;
   p.x = src;
   p.noop = base.noop;
@@ -241,7 +254,7 @@ void reduce_dbias(const ActPlan& pl, const ActIO& io, const ExecCtx& ctx) {
     return;
   }
   const float* partial = ws_at<float>(io, pl.dbias_offset);
-  const DType dt = pl.req.x.dtype;
+  const DType dt = pl.pieces[kGradBias].dtype;  // the input dtype, or FP32 (PlanOptions::dbias_fp32)
   TE_ON_DEVICE(ctx, dbias_reduce_cuda(partial, pl.dbias_rows, pl.out_cols, dt, grad_bias, stream_of(ctx)),
                dbias_reduce_cpu(partial, pl.dbias_rows, pl.out_cols, dt, grad_bias));
 }
@@ -266,6 +279,7 @@ void run_act(const ActPlan& pl, const ActIO& io, const ExecCtx& ctx) {
   p.cols = pl.cols;
   p.act = r.args;
   p.noop = pl.spec.noop;
+  if (pl.amax_only) return run_amax_pass(pl, ctx, p, out_at<float>(pl, io, kAmaxRow));
   if (r.with_dbias) p.dbias_partial = ws_at<float>(io, pl.dbias_offset);
   switch (pl.spec.kind) {
     case QuantKind::kNone:
