@@ -250,6 +250,12 @@ void make_desc(Desc& desc, const GemmArgs& g, const Canonical& c) {
 
 size_t cublaslt_version() { return cublasLtGetVersion(); }
 
+void cublaslt_prepare() {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
+  handle_for(dev, GemmArgs{});
+}
+
 void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
   const Canonical c = canonicalize(g);
   if (c.dims.m == 0 || c.dims.n == 0 || c.dims.k == 0) {

@@ -105,6 +105,10 @@ struct GemmNoKernel : std::invalid_argument {
 // cuBLASLt on `stream` (current device). Throws std::invalid_argument (core_fail) with shapes, formats and the
 // cuBLAS status name when the library refuses; never synchronises the host, never allocates.
 void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream);
+// Creates (once) the cached cuBLASLt handle of the current device. gemm_cublaslt creates it on first use too; a frontend
+// whose execute stage may run under stream capture (XLA command buffers) calls this first, outside any capture
+// (the JAX initialize stage), so execute only looks the handle up.
+void cublaslt_prepare();
 // "cuBLASLt 130200" style version number of the loaded library.
 size_t cublaslt_version();
 #endif

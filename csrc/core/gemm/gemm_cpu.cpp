@@ -2,9 +2,7 @@
 // exact decode to FP32, FP64 accumulation, epilogue in FP32, one rounding. Slow by design (tests, CPU CI).
 #include <vector>
 
-#include "../act/act_functors.h"
-#include "../common/formats.h"
-#include "gemm.h"
+#include "gemm_epilogue.h"
 
 namespace te {
 
@@ -48,13 +46,12 @@ const char* dtype_short_name(DType d) {
 
 namespace {
 
-bool is_fp8(DType d) { return d == DType::kFloat8E4M3 || d == DType::kFloat8E5M2; }
-
+// An operand element decoded exactly to FP32 (FP8: code · scale_inv).
 float load(const void* p, int64_t i, DType d, float scale_inv) {
   switch (d) {
-    case DType::kFloat32: return static_cast<const float*>(p)[i];
-    case DType::kFloat16: return to_float(static_cast<const fp16_t*>(p)[i]);
-    case DType::kBFloat16: return to_float(static_cast<const bf16_t*>(p)[i]);
+    case DType::kFloat32:
+    case DType::kFloat16:
+    case DType::kBFloat16: return gemm_load(p, i, d);
     case DType::kFloat8E4M3:
     case DType::kFloat8E5M2:
       return fp8_to_float(static_cast<const uint8_t*>(p)[i], d == DType::kFloat8E4M3) * scale_inv;
@@ -62,16 +59,6 @@ float load(const void* p, int64_t i, DType d, float scale_inv) {
   }
   core_fail(std::string("gemm_cpu: operand dtype ") + dtype_short_name(d) +
             " is not supported; accepted: fp32, fp16, bf16, E4M3, E5M2");
-}
-
-void store(void* p, int64_t i, DType d, float v) {
-  switch (d) {
-    case DType::kFloat32: static_cast<float*>(p)[i] = v; return;
-    case DType::kFloat16: static_cast<fp16_t*>(p)[i] = from_float<fp16_t>(v); return;
-    case DType::kBFloat16: static_cast<bf16_t*>(p)[i] = from_float<bf16_t>(v); return;
-    default: break;
-  }
-  core_fail(std::string("gemm_cpu: output dtype ") + dtype_short_name(d) + " is not supported here");
 }
 
 // op(X) as a contiguous FP32 matrix [outer, k]: op(A)ᵀ = [m, k] for A, op(B) = [n, k] for B.
@@ -100,14 +87,12 @@ void gemm_cpu(const GemmArgs& g, const GemmParallelFor& pf) {
   const int64_t m = dm.m, n = dm.n, k = dm.k;
   const std::vector<float> at = decode_k_contiguous(g.a, g.a.trans, m, k, pf);    // [m, k]
   const std::vector<float> bt = decode_k_contiguous(g.b, !g.b.trans, n, k, pf);   // [n, k]
-  const bool fp8_out = is_fp8(g.d_dtype);
-  const bool e4m3_out = g.d_dtype == DType::kFloat8E4M3;
+  const bool fp8_out = gemm_is_fp8(g.d_dtype);
+  if (!fp8_out && g.d_dtype != DType::kFloat32 && g.d_dtype != DType::kFloat16 && g.d_dtype != DType::kBFloat16)
+    core_fail(std::string("gemm_cpu: output dtype ") + dtype_short_name(g.d_dtype) + " is not supported here");
   const float d_scale = fp8_out ? *g.d_scale : 1.0f;
   const GemmEpilogue ep = g.epilogue;
-  const bool has_bias = ep == GemmEpilogue::kBias || ep == GemmEpilogue::kGeluAuxBias;
-  const bool gelu_fwd = ep == GemmEpilogue::kGeluAux || ep == GemmEpilogue::kGeluAuxBias;
-  const bool gelu_bwd = ep == GemmEpilogue::kDGelu || ep == GemmEpilogue::kDGeluBGrad;
-  const ActArgs act_args;
+  const GemmEpilogueParams p = gemm_epilogue_params(g);
   // Per-row results in FP32 (before the output rounding) feed the amax and the DGELU bias gradient; both are
   // reduced per row block and merged in row order, so the result does not depend on the thread count.
   std::vector<double> bgrad_rows(ep == GemmEpilogue::kDGeluBGrad ? size_t(n) * size_t(m) : 0);
@@ -121,23 +106,9 @@ void gemm_cpu(const GemmArgs& g, const GemmParallelFor& pf) {
         double acc = 0.0;
         for (int64_t t = 0; t < k; ++t) acc += double(brow[t]) * double(acol[t]);
         const int64_t idx = i * m + j;
-        float r = g.alpha * float(acc);
-        if (g.beta != 0.0f) r = r + g.beta * (fp8_out ? 0.0f : load(g.d, idx, g.d_dtype, 1.0f));
-        if (has_bias) r = r + load(g.bias, j, g.bias_dtype, 1.0f);
-        if (gelu_fwd) {
-          store(g.aux, idx, g.aux_dtype, r);
-          r = Gelu::fwd(r, act_args);
-        } else if (gelu_bwd) {
-          r = r * Gelu::bwd(load(g.aux, idx, g.aux_dtype, 1.0f), act_args);
-        }
+        const float r = gemm_epilogue_value(p, idx, j, g.alpha * float(acc), g.beta);
         if (ep == GemmEpilogue::kDGeluBGrad) bgrad_rows[size_t(idx)] = double(r);
-        if (fp8_out) {
-          const float a = bits_float(float_bits(r) & 0x7FFFFFFFu);
-          amax = a > amax ? a : amax;  // NaN never wins (SPEC §2 amax)
-          static_cast<uint8_t*>(g.d)[idx] = float_to_fp8_sw(r * d_scale, e4m3_out);
-        } else {
-          store(g.d, idx, g.d_dtype, r);
-        }
+        gemm_store_output(p, idx, r, d_scale, amax);
       }
       if (fp8_out) amax_rows[size_t(i)] = amax;
     }
@@ -152,7 +123,7 @@ void gemm_cpu(const GemmArgs& g, const GemmParallelFor& pf) {
       for (int64_t j = b; j < e; ++j) {
         double s = 0.0;
         for (int64_t i = 0; i < n; ++i) s += bgrad_rows[size_t(i) * m + j];
-        store(g.bias_grad, j, g.bias_dtype, float(s));
+        gemm_store(g.bias_grad, j, g.bias_dtype, float(s));
       }
     });
   }
@@ -161,7 +132,7 @@ void gemm_cpu(const GemmArgs& g, const GemmParallelFor& pf) {
       for (int64_t i = b; i < e; ++i) {
         double s = 0.0;
         for (int64_t t = 0; t < k; ++t) s += double(bt[size_t(i) * k + t]);
-        store(g.bias_grad, i, g.bias_dtype, float(s));
+        gemm_store(g.bias_grad, i, g.bias_dtype, float(s));
       }
     });
   }
