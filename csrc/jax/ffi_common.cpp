@@ -2,6 +2,8 @@
 #include "ffi_common.h"
 
 #include <functional>
+#include <mutex>
+#include <unordered_set>
 
 namespace te_jax {
 
@@ -57,6 +59,37 @@ te::ops::ExecCtx cpu_ctx() {
 }
 
 #if defined(TE_WITH_CUDA)
+void InitKey::add(const ffi::AnyBuffer& b) {
+  const int64_t type = int64_t(b.element_type());
+  append(&type, sizeof type);
+  const auto dims = b.dimensions();
+  const int64_t rank = int64_t(dims.size());
+  append(&rank, sizeof rank);
+  for (const int64_t d : dims) append(&d, sizeof d);
+  const uint8_t align = uint8_t(reinterpret_cast<uintptr_t>(b.untyped_data()) & 0xFFu);  // 256 B covers every
+  append(&align, 1);                                                                      // vector width
+}
+
+namespace {
+std::mutex init_mu;  // XLA may initialize several devices' programs from several threads
+std::unordered_set<std::string> init_seen;
+std::string with_device(const std::string& bytes, int device) {
+  return bytes + std::string(reinterpret_cast<const char*>(&device), sizeof device);
+}
+}  // namespace
+
+bool InitKey::known(int device) const {
+  const std::string k = with_device(bytes_, device);
+  std::lock_guard<std::mutex> lock(init_mu);
+  return init_seen.count(k) != 0;
+}
+
+void InitKey::remember(int device) const {
+  std::string k = with_device(bytes_, device);
+  std::lock_guard<std::mutex> lock(init_mu);
+  init_seen.insert(std::move(k));
+}
+
 te::ops::ExecCtx cuda_ctx(cudaStream_t stream) {
   te::ops::ExecCtx ctx;
   ctx.cuda = true;

@@ -38,6 +38,15 @@ struct ActParams {
   float offset;
 };
 
+#if defined(TE_WITH_CUDA)
+// The fields of the struct attributes, for the initialize stage's memo (ffi_common.h InitKey).
+inline void add_fields(InitKey& k, const QuantizerAttrs& q) {
+  k.add(q.scaling_mode), k.add(q.q_dtype), k.add(q.q_layout), k.add(q.flags), k.add(q.amax_epsilon);
+  k.add(q.amax_given), k.add(q.amax_only), k.add(q.dbias_fp32);
+}
+inline void add_fields(InitKey& k, const ActParams& p) { k.add(p.limit), k.add(p.alpha), k.add(p.offset); }
+#endif
+
 // The core's checked spec for these attributes; pointers are left for the handler to fill in.
 te::ops::QuantSpec spec_of(const char* op, const QuantizerAttrs& q);
 
