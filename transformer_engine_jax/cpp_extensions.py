@@ -100,14 +100,14 @@ def _split_gated(op: str, x, act):
 
 
 def _quantizer_inputs(quantizer, amax=None):
-    """scale, amax and rng arguments of a call (placeholders where the quantizer has none)."""
-    one = jnp.ones((1,), jnp.float32)
-    if isinstance(quantizer, DelayedScaleQuantizer):
-        return quantizer.scale.reshape(1), quantizer.amax_history[:1].reshape(1), jnp.zeros((4,), jnp.uint32)
+    """scale, amax and rng arguments of a call (placeholders where the quantizer has none). rng: the NVFP4
+    stochastic-rounding key uint32[4] (`rng_words()` raises ValueError when the quantizer has none, or is not NVFP4)."""
     rng = jnp.zeros((4,), jnp.uint32)
     if quantizer is not None and quantizer.stochastic_rounding:
         rng = quantizer.rng_words()
-    return one, (jnp.zeros((1,), jnp.float32) if amax is None else amax.reshape(1)), rng
+    if isinstance(quantizer, DelayedScaleQuantizer):
+        return quantizer.scale.reshape(1), quantizer.amax_history[:1].reshape(1), rng
+    return jnp.ones((1,), jnp.float32), (jnp.zeros((1,), jnp.float32) if amax is None else amax.reshape(1)), rng
 
 
 def _data_dtype(quantizer):

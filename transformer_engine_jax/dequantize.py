@@ -1,14 +1,26 @@
 """Dequantize a ScaledTensor: fl(code * scale) in float32, rounded once to the requested dtype, as the torch
 frontend's quantized tensors do (SPEC §4.9), from the rowwise copy when there is one, else from the colwise copy.
-The scale layouts are SPEC §4.8's (unswizzled). NVFP4 decoding is not provided here yet."""
+The scale layouts are SPEC §4.8's (unswizzled: tej quantizers write compact scales). NVFP4 decodes with the torch
+frontend's factors (`nvfp4_decode_factors` in transformer_engine_torch/formats/nvfp4.py), op for op, so the bytes
+match."""
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from . import _fp32
 from .quantizers import ScalingMode
 
-_MX, _FB = 32, 128
+_MX, _FB, _NV = 32, 128, 16
+_FLT_MAX = np.finfo(np.float32).max
+_INV_2688 = _fp32.const(np.float32(1) / np.float32(2688))  # fl(1/2688)
+_INV_FLT_MAX = _fp32.const(2.0 ** -128)                     # fl(1/FLT_MAX), subnormal
+# E2M1 code -> value (SPEC §2), as FP32 bits: bit 3 the sign (code 8 is -0.0), codes 0..7 = 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+_E2M1_BITS = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                      np.float32).view(np.uint32)
 
 
 def _e8m0(codes):
@@ -35,6 +47,37 @@ def _expand(f, rows, cols, per_row, per_col):
     return jnp.repeat(jnp.repeat(f, per_row, axis=0)[:rows], per_col, axis=1)[:, :cols]
 
 
+def _nvfp4_factors(sf, amax):
+    """Bits of the per-block decode factors D (x = fl(e2m1 * D)) from the bits of the decoded E4M3 block scales
+    `sf` and of the copy's global amax (>= 0 or NaN, as the quantizer writes it), as the torch frontend's
+    `nvfp4_decode_factors` (SPEC §4.6, issue 19): TE's fl(fl(sf * amax) * fl(1/2688)) wherever that is finite and
+    the scale the quantizer used; else the reciprocal of the quantizer's multiplier: fl(sf * S_dec) (S_dec =
+    fl(1 / S_enc), S_enc = min(fl(2688 / amax), FLT_MAX), 1 for amax 0 or Inf), 2^-128 where the multiplier was
+    clamped to FLT_MAX, 0 where sf = 0. So a finite input never decodes to Inf or NaN."""
+    te = _fp32.mul(_fp32.mul(sf, amax), _INV_2688)
+    usual = (amax - 1) < (_fp32.EXP - 1)                                          # 0 < amax < Inf
+    s_enc = _fp32.div(_fp32.const(2688), jnp.where(usual, amax, _fp32.const(1)))   # Inf for amax < 2688/FLT_MAX
+    regular = usual & _fp32.is_finite(s_enc)
+    s_enc = jnp.where(_fp32.is_finite(s_enc), s_enc, _fp32.const(_FLT_MAX))
+    s_dec = jnp.where(usual, _fp32.recip(s_enc), jnp.where(_fp32.is_nan(amax), amax, _fp32.const(1)))
+    y = _fp32.mul(sf, s_dec)
+    enc_clamped = (y & _fp32.ABS) <= _INV_FLT_MAX     # |y| <= 2^-128: fl(1 / y) is Inf, the multiplier was FLT_MAX
+    ours = jnp.where(_fp32.is_zero(sf), _fp32.const(0), jnp.where(enc_clamped, _INV_FLT_MAX, y))
+    return jnp.where(regular & ~enc_clamped & _fp32.is_finite(te), te, ours)
+
+
+@functools.partial(jax.jit, static_argnums=(3, 4))   # one compiled decode per shape, also for eager calls
+def _dequantize_nvfp4(data, scale, amax, r, c):
+    """float32 [r, c] of one NVFP4 copy as stored: `data` uint8 [r, c/2] (two E2M1 codes a byte, the even element
+    in the low nibble), `scale` uint8 E4M3 [>= r, >= c/16] (padded), `amax` f32[1] the copy's global amax. On the
+    bits throughout (`_fp32`): tiny amaxes give subnormal factors and values, which XLA's CPU would flush."""
+    sf = jax.lax.bitcast_convert_type(scale[:r, :c // _NV], jnp.float8_e4m3fn).astype(jnp.float32)
+    factor = _nvfp4_factors(_fp32.bits(sf), _fp32.bits(amax.astype(jnp.float32)).reshape(1, 1))
+    packed = data.reshape(r, c // 2)
+    codes = jnp.stack((packed & 0xF, packed >> 4), axis=-1).reshape(r, c)
+    return _fp32.from_bits(_fp32.mul(jnp.asarray(_E2M1_BITS)[codes], jnp.repeat(factor, _NV, axis=1)))
+
+
 def dequantize(t, dtype=None):
     """The values of ScaledTensor `t` in `dtype` (default: the dtype it was quantized from)."""
     dtype = t.dq_dtype if dtype is None else dtype
@@ -44,10 +87,16 @@ def dequantize(t, dtype=None):
     scale = t.colwise_scale_inv if colwise else t.scale_inv
     if data is None:
         raise ValueError(f"dequantize: the ScaledTensor ({mode.name}, shape {t.shape}) holds no data")
-    if mode in (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING):
-        raise NotImplementedError("dequantize: NVFP4 decoding is not provided by tej yet; dequantize NVFP4 through "
-                                  "transformer_engine_torch or use an FP8/MXFP8 quantizer")
     m, k = _rows_cols(t.shape)
+    if mode in (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING):
+        # The colwise copy holds x^T [K, M] (SPEC §4.9) with its own amax; 1-D and 2-D decode alike (the 2-D tile
+        # scale is written into every entry it covers).
+        amax = t.colwise_amax if colwise else t.amax
+        if amax is None:
+            raise ValueError(f"dequantize: the NVFP4 ScaledTensor (shape {t.shape}) has no "
+                             f"{'colwise_amax' if colwise else 'amax'}; NVFP4 decoding needs the copy's global amax")
+        out = _dequantize_nvfp4(data, scale, amax, *((k, m) if colwise else (m, k))).astype(dtype)
+        return (out.T if colwise else out).reshape(t.shape)
     r, c = (k, m) if colwise and mode != ScalingMode.MXFP8_1D_SCALING else (m, k)  # the stored matrix
     v = data.reshape(r, c).astype(jnp.float32)
     if mode in (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING):

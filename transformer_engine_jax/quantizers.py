@@ -1,8 +1,9 @@
 """Scaling modes, quantize layouts and quantizers as pytrees (TE/JAX's names), and what each means to the core.
 
-A quantizer is a pytree: its arrays (a delayed-scaling quantizer's `scale` f32[1] and `amax_history` f32[L]) are
-leaves, so it passes through `jit`, `grad` and `scan`; its settings are static. Each quantizer knows the core's
-quantizer spec (SPEC §1.4: kind, dtype code, usage, flags, amax epsilon, block dim) that the FFI handlers decode.
+A quantizer is a pytree: its arrays (a delayed-scaling quantizer's `scale` f32[1] and `amax_history` f32[L], an
+NVFP4 quantizer's stochastic-rounding `rng_state` u32[4]) are leaves, so it passes through `jit`, `grad` and `scan`;
+its settings are static. Each quantizer knows the core's quantizer spec (SPEC §1.4: kind, dtype code, usage, flags,
+amax epsilon, block dim) that the FFI handlers decode.
 Quantizers never change: `update(amax)` returns a new one (delayed scaling, SPEC §4.3).
 """
 from __future__ import annotations
@@ -13,6 +14,8 @@ import enum
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from . import _fp32
 
 
 class ScalingMode(enum.IntEnum):
@@ -80,8 +83,9 @@ class Quantizer:
                     amax_epsilon=np.float32(self.amax_epsilon))
 
     def rng_words(self):
-        raise NotImplementedError(f"{type(self).__name__}: stochastic rounding from JAX is not provided yet; "
-                                  "use stochastic_rounding=False")
+        """The FFI call's `rng` argument when `stochastic_rounding` is set. Only NVFP4 rounds stochastically."""
+        raise ValueError(f"{type(self).__name__} ({self.scaling_mode.name}): stochastic_rounding=True is defined for "
+                         "NVFP4 only (SPEC §2: FP8 casts round to nearest even); use stochastic_rounding=False")
 
     # pytree protocol: settings are aux data; subclasses add array leaves.
     def _leaves(self) -> tuple:
@@ -123,6 +127,44 @@ class DelayedScaleQuantizer(Quantizer):
     def _leaves(self):
         return (self.scale, self.amax_history)
 
+    def update(self, amax) -> "DelayedScaleQuantizer":
+        """The quantizer of the next step (SPEC §4.3), as the torch frontend's `amax_history[0] = amax` followed by
+        `fused_amax_and_scale_update_after_reduction(None, [amax_history], [scale], amax_compute_algo, q_dtype,
+        margin)`, bit for bit. `amax` (f32[1] or scalar): this step's amax, the ScaledTensor's `amax` of a cast
+        with this quantizer (after any MAX all-reduce). Pure jnp: jit-able, and the result has this quantizer's
+        tree structure, so it can be a `lax.scan` carry.
+
+        If amax != 0 the history rolls (old[1] drops out, amax enters at the end, row 0 is zeroed) and the next
+        scale is fl(fl(fp8_max * 2^-margin) / a), a = amax ("most_recent") or the max of amax and the old rows 1..L-1
+        ("max", NaN rows skipped); a = 0, Inf or NaN keeps the scale, a quotient of Inf becomes FLT_MAX. If amax == 0
+        the history keeps its rows (row 0 = amax) and the scale is kept."""
+        if self.amax_compute_algo not in ("max", "most_recent"):
+            raise ValueError(f"DelayedScaleQuantizer.update: amax_compute_algo must be \"max\" or \"most_recent\", "
+                             f"got {self.amax_compute_algo!r}")
+        amax = jnp.asarray(amax)
+        if amax.size != 1 or amax.dtype != jnp.float32:
+            raise ValueError(f"DelayedScaleQuantizer.update: amax must be one float32 value (the ScaledTensor's amax "
+                             f"f32[1]), got {amax.dtype} with shape {amax.shape}")
+        # On the bits (`_fp32`): XLA's CPU backend would flush a subnormal amax to zero.
+        last, hist = _fp32.bits(amax.reshape(())), _fp32.bits(self.amax_history)
+        # The core's fold `a = v > a ? v : a` from a = last: NaN rows never win, a NaN last stays NaN.
+        keys = jnp.where(_fp32.is_nan(hist[1:]), jnp.iinfo(jnp.int32).min, _fp32.order_key(hist[1:]))  # [L - 1]
+        a = last
+        if self.amax_compute_algo == "max" and hist.shape[0] > 1:
+            older_wins = ~_fp32.is_nan(last) & (jnp.max(keys) > _fp32.order_key(last))
+            a = jnp.where(older_wins, hist[1:][jnp.argmax(keys)], last)
+        rolls = ~_fp32.is_zero(last)
+        rolled = jnp.concatenate([jnp.zeros((1,), _fp32.U32), hist[2:], last[None]])[:hist.shape[0]]
+        new_hist = jnp.where(rolls, rolled, hist.at[0].set(last))
+        fp8_max = float(jnp.finfo(self.q_dtype).max)
+        max_over_margin = np.float32(fp8_max) * np.exp2(np.float32(-self.margin))  # float * exp2f, as the core
+        quotient = _fp32.div(_fp32.const(max_over_margin), a)
+        quotient = jnp.where(_fp32.is_finite(quotient), quotient, _fp32.const(jnp.finfo(jnp.float32).max))
+        positive_finite = (a - 1) < (_fp32.EXP - 1)                    # 0 < a < Inf; NaN and negatives excluded
+        new_scale = _fp32.from_bits(jnp.where(rolls & positive_finite, quotient, _fp32.bits(self.scale)))
+        new_hist = _fp32.from_bits(new_hist)
+        return dataclasses.replace(self, scale=new_scale, amax_history=new_hist)
+
 
 @_pytree
 class CurrentScaleQuantizer(Quantizer):
@@ -134,10 +176,51 @@ class MXFP8Quantizer(Quantizer):
     """MXFP8: 1x32 / 32x1 blocks with E8M0 scales (SPEC §4.5)."""
 
 
+_U64 = 1 << 64
+
+
 @_pytree
 class NVFP4Quantizer(Quantizer):
     """NVFP4: E2M1 values, 1x16 (or 16x16 for NVFP4_2D_SCALING) blocks with E4M3 scales and a per-tensor global
-    scale (SPEC §4.6); stochastic rounding and the random Hadamard transform as flags."""
+    scale (SPEC §4.6); stochastic rounding and the random Hadamard transform as flags.
+
+    Stochastic rounding draws its bits from `rng_state` (uint32[4], a pytree leaf: the little-endian words of the
+    Philox key int64 [seed, offset] that the torch frontend's `quantize(..., rng_seed, rng_offset)` takes), set with
+    `with_rng(key)` or `with_rng_seed(seed, offset)`. The same state gives the same bytes on every call: derive a
+    fresh one per step (e.g. `q.with_rng(jax.random.fold_in(key, step))`)."""
+
+    rng_state: object = None  # uint32[4]: seed lo, seed hi, offset lo, offset hi
+
+    @classmethod
+    def _leaf_names(cls):
+        return ("rng_state",)
+
+    def _leaves(self):
+        return (self.rng_state,)
+
+    def with_rng(self, key) -> "NVFP4Quantizer":
+        """A copy whose stochastic rounding uses 4 uint32 words drawn from the jax PRNG `key` (traceable)."""
+        return dataclasses.replace(self, rng_state=jax.random.bits(key, (4,), jnp.uint32))
+
+    def with_rng_seed(self, seed: int, offset: int = 0) -> "NVFP4Quantizer":
+        """A copy whose stochastic rounding uses the Philox key (seed, offset): the bytes of the torch frontend's
+        NVFP4 `quantize` with rng_seed=seed, rng_offset=offset. Both are integers in [0, 2^64)."""
+        for name, v in (("seed", seed), ("offset", offset)):
+            if not isinstance(v, (int, np.integer)) or not 0 <= int(v) < _U64:
+                raise ValueError(f"NVFP4Quantizer.with_rng_seed: {name} must be an integer in [0, 2^64), got {v!r}")
+        words = [int(v) >> s & 0xFFFFFFFF for v in (seed, offset) for s in (0, 32)]
+        return dataclasses.replace(self, rng_state=jnp.asarray(np.array(words, np.uint32)))
+
+    def rng_words(self):
+        if self.rng_state is None:
+            raise ValueError(f"NVFP4Quantizer ({self.scaling_mode.name}): stochastic_rounding=True needs an rng_state; "
+                             "set one with q.with_rng(key), q.with_rng_seed(seed, offset) or "
+                             "QuantizerFactory.create(..., stochastic_rounding=True, rng_key=key)")
+        rng = self.rng_state
+        if rng.shape != (4,) or rng.dtype != jnp.uint32:
+            raise ValueError(f"NVFP4Quantizer ({self.scaling_mode.name}): rng_state must be uint32[4] (the words of "
+                             f"int64 [seed, offset]), got {rng.dtype} with shape {rng.shape}")
+        return rng
 
 
 @_pytree
@@ -166,7 +249,8 @@ class QuantizerFactory:
                q_layout=QuantizeLayout.ROWWISE_COLWISE, amax_history_len: int = 1024, **settings):
         """One quantizer (or a tuple of `n_quantizers`) of `scaling_mode`. FP8 modes take q_dtype float8_e4m3fn or
         float8_e5m2; NVFP4 modes take float4_e2m1fn (the default is replaced). Delayed scaling starts at scale 1
-        with a zero history of `amax_history_len`. Raises ValueError naming the mode and the rule broken."""
+        with a zero history of `amax_history_len`. NVFP4 with stochastic_rounding=True takes `rng_key` (a jax PRNG key;
+        split across `n_quantizers`) for its rng_state. Raises ValueError naming the mode and the rule broken."""
         mode = ScalingMode(scaling_mode)
         if mode == ScalingMode.NO_SCALING:
             return None if n_quantizers == 1 else (None,) * n_quantizers
@@ -176,6 +260,9 @@ class QuantizerFactory:
         elif jnp.dtype(q_dtype) not in _FP8:
             raise ValueError(f"QuantizerFactory.create: {mode.name} quantizes to float8_e4m3fn or float8_e5m2, "
                              f"got q_dtype {jnp.dtype(q_dtype)}")
+        rng_key = settings.pop("rng_key", None)
+        if rng_key is not None and cls is not NVFP4Quantizer:
+            raise ValueError(f"QuantizerFactory.create: rng_key is for NVFP4 stochastic rounding, not {mode.name}")
         if cls is not DelayedScaleQuantizer:
             settings.pop("margin", None), settings.pop("amax_compute_algo", None)
         else:
@@ -185,4 +272,7 @@ class QuantizerFactory:
             settings.setdefault("amax_history", jnp.zeros((amax_history_len,), jnp.float32))
         made = tuple(cls(scaling_mode=mode, q_dtype=q_dtype, q_layout=QuantizeLayout(q_layout), **settings)
                      for _ in range(n_quantizers))
+        if rng_key is not None:
+            keys = [rng_key] if n_quantizers == 1 else list(jax.random.split(rng_key, n_quantizers))
+            made = tuple(q.with_rng(k) for q, k in zip(made, keys))
         return made[0] if n_quantizers == 1 else made

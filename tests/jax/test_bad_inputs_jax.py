@@ -66,9 +66,13 @@ def test_dz_dtype_must_match():
         trace(lambda dz, x: tej.dact_lu(dz, x, "gelu"), dz, x)
 
 
-def test_nvfp4_stochastic_rounding_is_refused_by_name():
-    q = tej.QuantizerFactory.create(scaling_mode=SM.NVFP4_1D_SCALING, stochastic_rounding=True)
+def test_stochastic_rounding_without_rng_or_outside_nvfp4_is_refused_by_name():
     x = jax.ShapeDtypeStruct((32, 1, 64), jnp.bfloat16)
-    with pytest.raises(NotImplementedError, match=r"NVFP4Quantizer: stochastic rounding from JAX is not provided yet; "
-                                                  r"use stochastic_rounding=False"):
+    q = tej.QuantizerFactory.create(scaling_mode=SM.NVFP4_1D_SCALING, stochastic_rounding=True)
+    with pytest.raises(ValueError, match=r"NVFP4Quantizer \(NVFP4_1D_SCALING\): stochastic_rounding=True needs an "
+                                         r"rng_state"):
+        trace(lambda x: tej.act_lu(x, "gelu", q), x)
+    q = tej.QuantizerFactory.create(scaling_mode=SM.CURRENT_TENSOR_SCALING, stochastic_rounding=True)
+    with pytest.raises(ValueError, match=r"CurrentScaleQuantizer \(CURRENT_TENSOR_SCALING\): stochastic_rounding=True "
+                                         r"is defined for NVFP4 only"):
         trace(lambda x: tej.act_lu(x, "gelu", q), x)
