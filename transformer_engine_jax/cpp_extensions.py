@@ -100,14 +100,18 @@ def _split_gated(op: str, x, act):
 
 
 def _quantizer_inputs(quantizer, amax=None):
-    """scale, amax and rng arguments of a call (placeholders where the quantizer has none). rng: the NVFP4
-    stochastic-rounding key uint32[4] (`rng_words()` raises ValueError when the quantizer has none, or is not NVFP4)."""
-    rng = jnp.zeros((4,), jnp.uint32)
+    """(scale, amax, rng) arguments of a call and whether the handler reads the amax argument (then the amax result
+    is aliased to it). Arguments a call does not read are 0-element placeholders (constants: no copy, no kernel per
+    call). scale: delayed scaling's f32[1]; amax: delayed scaling's running amax (the history's row 0) or a given,
+    already reduced amax; rng: the NVFP4 stochastic-rounding key uint32[4] (`rng_words()` raises ValueError when the
+    quantizer has none, or is not NVFP4)."""
+    rng = jnp.zeros((0,), jnp.uint32)
     if quantizer is not None and quantizer.stochastic_rounding:
         rng = quantizer.rng_words()
     if isinstance(quantizer, DelayedScaleQuantizer):
-        return quantizer.scale.reshape(1), quantizer.amax_history[:1].reshape(1), rng
-    return jnp.ones((1,), jnp.float32), (jnp.zeros((1,), jnp.float32) if amax is None else amax.reshape(1)), rng
+        return quantizer.scale.reshape(1), quantizer.amax_history[:1].reshape(1), rng, True
+    none = jnp.zeros((0,), jnp.float32)
+    return none, (none if amax is None else amax.reshape(1)), rng, amax is not None
 
 
 def _data_dtype(quantizer):
@@ -138,12 +142,13 @@ def _call(target, op, code, backward, with_dbias, x, x_core_shape, dz, quantizer
     data_dtype = _data_dtype(quantizer) if quantizer is not None else dtype
     results = [_result_type(pieces[i], data_dtype if i in (_ROW_DATA, _COL_DATA) else None, dtype)
                for i in _RESULT_PIECES]
-    results[4] = jax.ShapeDtypeStruct((1,), jnp.float32)  # amax: aliased to the amax argument, always f32[1]
+    results[4] = jax.ShapeDtypeStruct((1,), jnp.float32)  # amax, always f32[1]: aliased to the amax argument
+    # when the handler reads that (delayed scaling, a given amax)
     if target != "te_act_lu":
         results.append(_result_type(pieces[_GRAD_BIAS], dtype, dtype) if with_dbias else
                        jax.ShapeDtypeStruct((0,), dtype))
     results.append(jax.ShapeDtypeStruct((ws_bytes + _WORKSPACE_ALIGN,), jnp.uint8))
-    scale, amax_in, rng = _quantizer_inputs(quantizer, amax)
+    scale, amax_in, rng, amax_read = _quantizer_inputs(quantizer, amax)
     args = ([] if dz is None else [dz]) + [x, scale, amax_in, rng]
     kwargs = dict(quantizer=attrs)
     if code is not None:
@@ -155,7 +160,7 @@ def _call(target, op, code, backward, with_dbias, x, x_core_shape, dz, quantizer
     # Batch rule: a plain elementwise call takes the batch as more rows (one launch); a quantizing call (a scale
     # per tensor or per block of the unbatched shape) or a dbias (sums per tensor) runs once per batch element.
     elementwise = quantizer is None and not with_dbias
-    out = jax.ffi.ffi_call(target, results, input_output_aliases={len(args) - 2: 4},
+    out = jax.ffi.ffi_call(target, results, input_output_aliases={len(args) - 2: 4} if amax_read else {},
                            vmap_method="broadcast_all" if elementwise else "sequential")(*args, **kwargs)
     return out, pieces
 
