@@ -7,10 +7,10 @@
 //   args     [dz] x scale amax rng       dz: backward only; x [..., A, K] (A = 2: gated, activated half first);
 //                                        scale f32[1] (delayed scaling); amax f32[1] (delayed: accumulated; current
 //                                        scaling and NVFP4 with amax_given: the reduced amax to use); rng i64[2] (NVFP4
-//                                        stochastic rounding: seed, offset)
+//                                        stochastic rounding: seed, offset); each 0 elements where not read
 //   results  row_data col_data row_scale_inv col_scale_inv amax col_amax [dbias] workspace
-//            a piece the plan leaves out is a 0-element result; `amax` is aliased to the amax argument: delayed
-//            scaling's running amax, NVFP4's rowwise global amax, current scaling's amax of this call; col_amax:
+//            a piece the plan leaves out is a 0-element result; `amax` (aliased to the amax argument where that is
+//            read): delayed scaling's running amax, NVFP4's rowwise global amax, current scaling's amax; col_amax:
 //            NVFP4's columnwise global amax.
 //   attrs    act (the core's ActKind; not for quantize), quantizer {scaling_mode, q_dtype, q_layout, flags,
 //            amax_epsilon, amax_given, amax_only, dbias_fp32}, act_params {limit, alpha, offset} (clamped SwiGLU),
@@ -76,8 +76,17 @@ void run(const te::ops::ExecCtx& ctx, const Call& c, const Buf* dz, const Buf& x
     r.grad = view_of(*dz, c.op, "dz");
   }
   te::ops::QuantSpec spec = spec_of(c.op, qa);
-  // The amax argument and result are aliased (one pointer): written in place.
+  // Where the handler reads the amax argument (delayed scaling, a given amax), Python aliases it to the amax result
+  // (one pointer, written in place); elsewhere the argument is a 0-element placeholder.
   float* amax = static_cast<float*>(q.amax->untyped_data());
+  const bool reads_amax = spec.kind == te::QuantKind::kFp8Delayed ||
+                          ((spec.kind == te::QuantKind::kFp8Current || spec.kind == te::QuantKind::kNvfp4) &&
+                           qa.amax_given);
+  if ((spec.kind == te::QuantKind::kFp8Delayed && scale.size_bytes() != sizeof(float)) ||
+      (reads_amax && q.amax->size_bytes() != sizeof(float))) {
+    te::fail(te::ErrorKind::kValue, std::string(c.op) + ": the scale and amax arguments of this quantizer must be "
+                                                        "float32[1]; transformer_engine_jax and its _ffi disagree");
+  }
   if (spec.kind == te::QuantKind::kFp8Delayed) {
     spec.scale = static_cast<const float*>(scale.untyped_data());
     spec.amax = amax;
