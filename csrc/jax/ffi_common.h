@@ -109,12 +109,14 @@ template <typename F> ffi::Error in_throwaway_capture(cudaStream_t stream, const
 // context), <name>Cuda (execute on XLA's stream, command-buffer compatible: all work on that stream, no host sync,
 // no allocation, launch parameters from shapes and attributes only) and <name>CudaInit (the initialize stage, the
 // same binding). `binding` is a function template that appends the arguments, results and attributes to a builder.
+// The _WITH_SETUP form runs `setup()` (-> ffi::Error) at the start of every initialize stage, before the throwaway
+// capture: what execute must find ready without creating it (the GEMM's cuBLASLt handle), made outside any capture.
 #define TE_JAX_CPU_HANDLER(name, impl, binding)                                         \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(name##Cpu, [](auto... a) { return impl(::te_jax::cpu_ctx(), a...); }, \
                                 binding(::xla::ffi::Ffi::Bind()))
 
 #if defined(TE_WITH_CUDA)
-#define TE_JAX_CUDA_HANDLERS(name, impl, binding)                                                                   \
+#define TE_JAX_CUDA_HANDLERS(name, impl, binding, setup)                                                            \
   XLA_FFI_DEFINE_HANDLER_SYMBOL(name##Cuda,                                                                         \
                                 [](cudaStream_t s, auto... a) { return impl(::te_jax::cuda_ctx(s), a...); },        \
                                 binding(::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()),   \
@@ -122,6 +124,8 @@ template <typename F> ffi::Error in_throwaway_capture(cudaStream_t stream, const
   XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                                                    \
       name##CudaInit,                                                                                               \
       [](cudaStream_t s, auto... a) {                                                                               \
+        ::xla::ffi::Error ready = setup();                                                                          \
+        if (!ready.success()) return ready;                                                                         \
         ::te_jax::InitKey key;                                                                                      \
         (key.add(a), ...);                                                                                          \
         return ::te_jax::in_throwaway_capture(s, key, [&] { return impl(::te_jax::cuda_ctx(s), a...); });           \
@@ -129,9 +133,14 @@ template <typename F> ffi::Error in_throwaway_capture(cudaStream_t stream, const
       binding(::xla::ffi::Ffi::Bind<::xla::ffi::ExecutionStage::kInitialize>()                                      \
                   .Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()))
 #else
-#define TE_JAX_CUDA_HANDLERS(name, impl, binding)
+#define TE_JAX_CUDA_HANDLERS(name, impl, binding, setup)
 #endif
 
-#define TE_JAX_HANDLERS(name, impl, binding) \
-  TE_JAX_CPU_HANDLER(name, impl, binding);   \
-  TE_JAX_CUDA_HANDLERS(name, impl, binding)
+namespace te_jax {
+inline ffi::Error no_setup() { return ffi::Error::Success(); }
+}  // namespace te_jax
+
+#define TE_JAX_HANDLERS_WITH_SETUP(name, impl, binding, setup) \
+  TE_JAX_CPU_HANDLER(name, impl, binding);                     \
+  TE_JAX_CUDA_HANDLERS(name, impl, binding, setup)
+#define TE_JAX_HANDLERS(name, impl, binding) TE_JAX_HANDLERS_WITH_SETUP(name, impl, binding, ::te_jax::no_setup)

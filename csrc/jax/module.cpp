@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "gemm.h"
 #include "quantizer_attrs.h"
 
 #define TE_JAX_DECLARE(name)                                  \
@@ -19,6 +20,7 @@
 TE_JAX_DECLARE(TeActLu)
 TE_JAX_DECLARE(TeDactLuDbiasQuantize)
 TE_JAX_DECLARE(TeQuantize)
+TE_JAX_DECLARE(TeGemm)
 
 namespace py = pybind11;
 
@@ -35,6 +37,7 @@ py::dict cpu_targets() {
   d["te_act_lu"] = capsule(TeActLuCpu);
   d["te_dact_lu_dbias_quantize"] = capsule(TeDactLuDbiasQuantizeCpu);
   d["te_quantize"] = capsule(TeQuantizeCpu);
+  d["te_gemm"] = capsule(TeGemmCpu);
   return d;
 }
 
@@ -50,6 +53,7 @@ py::dict cuda_targets() {
   d["te_act_lu"] = stages(TeActLuCuda, TeActLuCudaInit);
   d["te_dact_lu_dbias_quantize"] = stages(TeDactLuDbiasQuantizeCuda, TeDactLuDbiasQuantizeCudaInit);
   d["te_quantize"] = stages(TeQuantizeCuda, TeQuantizeCudaInit);
+  d["te_gemm"] = stages(TeGemmCuda, TeGemmCudaInit);
 #endif
   return d;
 }
@@ -98,6 +102,36 @@ py::dict plan_act(const std::string& op, int64_t act, bool backward, bool with_d
   return d;
 }
 
+// The plan of one te_gemm call (gemm.h) as plain Python data: {"out": (shape, dtype code), "pre_gelu_out" and
+// "bias_grad": (present, shape, dtype code), "workspace_bytes": n}. `inputs`: (shape, dtype code) of lhs,
+// lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_input in the handler's argument order.
+py::dict plan_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& inputs, int64_t out_dtype,
+                   const GemmAttrs& attrs, bool cuda) {
+  if (inputs.size() != 6) {
+    te::fail(te::ErrorKind::kValue, std::string(kGemmOp) + ": plan_gemm takes 6 inputs (lhs, lhs_scale_inv, rhs, "
+                                                            "rhs_scale_inv, bias, gelu_input), got " +
+                                        std::to_string(inputs.size()));
+  }
+  te::ops::TensorView v[6];
+  for (int i = 0; i < 6; ++i) {
+    v[i].shape = shape_of(inputs[size_t(i)].first, kGemmOp);
+    v[i].dtype = te::DType(inputs[size_t(i)].second);
+  }
+  te::ops::ExecCtx ctx = cpu_ctx();
+  ctx.cuda = cuda;
+  ctx.arch = cuda ? "cuda" : "cpu";
+  const te::ops::GemmRequest r = gemm_request({v[0], v[1], v[2], v[3], v[4], v[5]}, attrs, te::DType(out_dtype));
+  const te::ops::GemmPlan plan = te::ops::plan_gemm(r, ctx, gemm_plan_options(true));
+  const auto dims = [](const te::ops::Shape& s) { return std::vector<int64_t>(s.dims, s.dims + s.ndim); };
+  py::dict d;
+  d["out"] = py::make_tuple(dims(plan.d_shape), int(plan.d_storage));
+  d["pre_gelu_out"] = py::make_tuple(plan.has_pre_gelu, dims(plan.d_shape), int(plan.pre_gelu_dtype));
+  d["bias_grad"] = py::make_tuple(plan.has_bias_grad, std::vector<int64_t>{plan.bias_grad_len},
+                                  int(plan.bias_grad_dtype));
+  d["workspace_bytes"] = plan.workspace_bytes;
+  return d;
+}
+
 // The core's activation table (act/act_functors.h) as [(code, name, gated)], TE's codes only: tej derives its
 // activations from it, so a new activation needs no JAX-side row.
 py::list activations() {
@@ -134,9 +168,19 @@ PYBIND11_MODULE(_ffi, m) {
            }),
            py::arg("scaling_mode"), py::arg("q_dtype"), py::arg("q_layout"), py::arg("flags"),
            py::arg("amax_epsilon"), py::arg("amax_given"), py::arg("amax_only"), py::arg("dbias_fp32"));
+  py::class_<te_jax::GemmAttrs>(m, "GemmAttrs")
+      .def(py::init([](bool lhs_transposed, bool rhs_transposed, int64_t lhs_scaling, int64_t rhs_scaling,
+                       bool fuse_bias, bool fuse_gelu, bool grad, bool use_split_accumulator, bool allow_tf32) {
+             return te_jax::GemmAttrs{lhs_transposed, rhs_transposed, lhs_scaling, rhs_scaling, fuse_bias,
+                                      fuse_gelu,      grad,           use_split_accumulator, allow_tf32};
+           }),
+           py::arg("lhs_transposed"), py::arg("rhs_transposed"), py::arg("lhs_scaling"), py::arg("rhs_scaling"),
+           py::arg("fuse_bias"), py::arg("fuse_gelu"), py::arg("grad"), py::arg("use_split_accumulator"),
+           py::arg("allow_tf32"));
   m.def("activations", &te_jax::activations);
   m.def("cpu_targets", &te_jax::cpu_targets);
   m.def("cuda_targets", &te_jax::cuda_targets);
+  m.def("plan_gemm", &te_jax::plan_gemm, py::arg("inputs"), py::arg("out_dtype"), py::arg("attrs"), py::arg("cuda"));
   m.def("plan_act", &te_jax::plan_act, py::arg("op"), py::arg("act"), py::arg("backward"), py::arg("with_dbias"),
         py::arg("x_shape"), py::arg("x_dtype"), py::arg("grad_shape"), py::arg("quantizer"), py::arg("cuda"));
 #if defined(TE_WITH_CUDA)
