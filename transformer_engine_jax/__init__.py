@@ -7,3 +7,4 @@ from .scaled_tensor import ScaledTensor
 from .activation import activation
 from .cpp_extensions import act_lu, dact_lu, quantize, quantize_dact_dbias, quantize_dbias
 from .dequantize import dequantize
+from .gemm import gemm

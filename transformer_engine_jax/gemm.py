@@ -1,0 +1,264 @@
+"""`tej.gemm`: a GEMM through the core's GEMM op (csrc/core/ops/gemm_op) as the XLA FFI call `te_gemm` — cuBLASLt on
+CUDA (with the unfused epilogue where it has no kernel, SPEC §6.2), the exact CPU kernel on the CPU (SPEC §6.7), the
+same bytes as the torch frontend's `generic_gemm` for the same operand bytes.
+
+out = lhs · rhs contracted over `contracting_dims`; its shape is lhs's non-contracting dims followed by rhs's. Each
+operand is flattened to 2-D: plain operands whose contracting dims form a leading or trailing block (in the given
+order) are passed as they are and the kernel's transpose flags say which; other dim orders are transposed by XLA
+first. A ScaledTensor is never transposed here: its rowwise copy serves a contraction over its last dim (any
+trailing block for FP8 per-tensor), its colwise copy (stored transposed) one over all its leading dims, so FP8
+always reaches the kernel as TN (SPEC §6.4). The output dtype is the operands' (a ScaledTensor's dequantized dtype).
+
+Shapes, dtypes, the workspace and every check come from the core's planner (`_ffi.plan_gemm`) at trace time, so a
+bad call raises ValueError / TypeError / NotImplementedError before XLA runs, with the core's message (the core names
+rhs "A" and lhs "B": D = op(B)·op(A), csrc/jax/gemm.h).
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _ffi
+from .cpp_extensions import _register, quantize
+from .quantizers import Quantizer, ScalingMode
+from .scaled_tensor import ScaledTensor
+
+_TARGET = "te_gemm"
+# The core's DType codes (SPEC §1.3) of the element types a te_gemm call passes or returns.
+_CODE = {jnp.dtype(jnp.uint8): 0, jnp.dtype(jnp.float32): 4, jnp.dtype(jnp.float16): 5, jnp.dtype(jnp.bfloat16): 6,
+         jnp.dtype(jnp.float8_e4m3fn): 7, jnp.dtype(jnp.float8_e5m2): 8}
+_DTYPE = {code: dtype for dtype, code in _CODE.items()}
+_PLAIN = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+# te::GemmScaling codes of the ScaledTensor modes the GEMM takes.
+_SCALING = {ScalingMode.DELAYED_TENSOR_SCALING: 1, ScalingMode.CURRENT_TENSOR_SCALING: 1,
+            ScalingMode.BLOCK_SCALING_1x128: 4, ScalingMode.BLOCK_SCALING_128x128: 5}
+_PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)
+# jax's matmul precision names under which fp32 operands may run on TF32 tensor cores; anything else (the default
+# included) keeps full FP32, as torch's default "highest" does.
+_TF32_PRECISIONS = ("tensorfloat32", "fastest")
+
+
+def _describe(x) -> str:
+    if isinstance(x, ScaledTensor):
+        return f"ScaledTensor{tuple(x.shape)} {x.scaling_mode.name} {jnp.dtype(_copy_dtype(x))}"
+    return f"{jnp.dtype(x.dtype)}{tuple(x.shape)}"
+
+
+def _copy_dtype(x: ScaledTensor):
+    return (x.data if x.data is not None else x.colwise_data).dtype
+
+
+def _normalize(dims, ndim: int, name: str, where: str) -> tuple:
+    dims = (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+    out = []
+    for d in dims:
+        if not isinstance(d, (int, np.integer)) or not -ndim <= d < ndim:
+            raise ValueError(f"tej.gemm: {name} contracting dim {d!r} is out of range for a {ndim}-D operand {where}")
+        out.append(int(d) % ndim)
+    if len(set(out)) != len(out) or not out:
+        raise ValueError(f"tej.gemm: {name} contracting dims {dims} must be distinct and at least one {where}")
+    return tuple(out)
+
+
+def _block(contract: tuple, ndim: int) -> str | None:
+    """'last' when `contract` (in its given order) is the trailing block of dims, 'first' when it is the leading
+    block, else None."""
+    n = len(contract)
+    if contract == tuple(range(ndim - n, ndim)) and n < ndim:
+        return "last"
+    if contract == tuple(range(n)) and n < ndim:
+        return "first"
+    if n == ndim and contract == tuple(range(ndim)):
+        return "last"
+    return None
+
+
+class _Operand:
+    """One operand as the call passes it: the 2-D buffer (K last unless `k_first`), its scale_inv, the te::GemmScaling
+    code, its non-contracting dims and its nominal dtype (a ScaledTensor's dequantized dtype)."""
+
+    def __init__(self, data, scale_inv, scaling, k_first, outer_shape, dtype):
+        self.data, self.scale_inv, self.scaling, self.k_first = data, scale_inv, scaling, k_first
+        self.outer_shape, self.dtype = outer_shape, jnp.dtype(dtype)
+
+
+def _plain_operand(x, contract, name) -> _Operand:
+    dtype = jnp.dtype(x.dtype)
+    if dtype not in _PLAIN:
+        raise TypeError(f"tej.gemm: {name} must be float32, float16, bfloat16 or a ScaledTensor, got {dtype} with "
+                        f"shape {tuple(x.shape)}")
+    outer = [d for d in range(x.ndim) if d not in contract]
+    outer_shape = tuple(x.shape[d] for d in outer)
+    k = math.prod(x.shape[d] for d in contract)
+    m = math.prod(outer_shape)
+    block = _block(contract, x.ndim)
+    if block is None:  # a dim order cuBLASLt's flags cannot express: XLA transposes (plain operands only)
+        x = jnp.transpose(x, outer + list(contract))
+        block = "last"
+    data = x.reshape((k, m) if block == "first" else (m, k))
+    return _Operand(data, jnp.zeros((0,), jnp.float32), 0, block == "first", outer_shape, dtype)
+
+
+def _scaled_operand(x: ScaledTensor, contract, name) -> _Operand:
+    mode = x.scaling_mode
+    if mode not in _SCALING:
+        raise NotImplementedError(
+            f"tej.gemm: not yet supported: {name} {_describe(x)}: {mode.name} GEMMs run in the torch frontend "
+            f"(native on sm_100, emulated on sm_90 and the CPU, SPEC §6.7) but not yet through tej; dequantize it "
+            f"(x.dequantize()) or use an FP8 per-tensor or FP8 block recipe")
+    nd = len(x.shape)
+    n = len(contract)
+    per_tensor = mode in _PER_TENSOR
+    # Rowwise: blocks (and the data's rows) run along the last dim; per-tensor data may be flattened further.
+    rowwise = contract == tuple(range(nd - n, nd)) and (per_tensor or n == 1)
+    colwise = not rowwise and contract == tuple(range(nd - 1)) and nd >= 2
+    if not (rowwise or colwise):
+        raise ValueError(
+            f"tej.gemm: {name} {_describe(x)} contracts over dims {contract}, which neither of its copies holds "
+            f"K-contiguous: the rowwise copy serves a contraction over its last dim"
+            f"{' (or a trailing block of dims)' if per_tensor else ''}, the colwise copy one over all its leading "
+            f"dims {tuple(range(nd - 1))}. FP8 bytes are not transposed here: quantize the operand in the layout "
+            f"the GEMM contracts, or pass it unquantized")
+    if rowwise:
+        if x.data is None:
+            raise ValueError(f"tej.gemm: {name} {_describe(x)} contracts over its last dim and needs its rowwise "
+                             f"copy; quantize it with q_layout ROWWISE or ROWWISE_COLWISE")
+        data, scale_inv = x.data, x.scale_inv
+        outer_shape = tuple(x.shape[:nd - n])
+        k = math.prod(x.shape[nd - n:])
+    else:
+        if x.colwise_data is None:
+            raise ValueError(f"tej.gemm: {name} {_describe(x)} contracts over its leading dims and needs its colwise "
+                             f"copy (FP8 runs as TN: the transposed copy, never a transpose of FP8 bytes); quantize "
+                             f"it with q_layout COLWISE or ROWWISE_COLWISE")
+        data, scale_inv = x.colwise_data, x.colwise_scale_inv
+        outer_shape = (x.shape[-1],)
+        k = math.prod(x.shape[:-1])
+    m = math.prod(outer_shape)
+    return _Operand(data.reshape(m, k), scale_inv, _SCALING[mode], False, outer_shape, x.dq_dtype)
+
+
+def _operand(x, contract, quantizer, name) -> _Operand:
+    if quantizer is not None:
+        if isinstance(x, ScaledTensor):
+            raise ValueError(f"tej.gemm: {name} is already a ScaledTensor ({_describe(x)}); pass "
+                             f"{name}_quantizer=None")
+        if not isinstance(quantizer, Quantizer):
+            raise TypeError(f"tej.gemm: {name}_quantizer must be a tej quantizer or None, got "
+                            f"{type(quantizer).__name__}")
+        x = quantize(x, quantizer)
+    if isinstance(x, ScaledTensor):
+        return _scaled_operand(x, contract, name)
+    if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+        raise TypeError(f"tej.gemm: {name} must be an array or a ScaledTensor, got {type(x).__name__}")
+    return _plain_operand(jnp.asarray(x), contract, name)
+
+
+def _allow_tf32() -> bool:
+    precision = jax.config.jax_default_matmul_precision
+    return precision is not None and str(precision).lower() in _TF32_PRECISIONS
+
+
+def _likely_platform() -> str:
+    """The platform a call is most likely lowered for: jax's default device, else its default backend."""
+    device = jax.config.jax_default_device
+    platform = getattr(device, "platform", None) if device is not None else None
+    if isinstance(device, str):
+        platform = device
+    return (platform or jax.default_backend()).lower()
+
+
+def _plan(inputs, out_dtype, attrs, cuda: bool):
+    return _ffi.plan_gemm([(list(a.shape), _CODE[jnp.dtype(a.dtype)]) for a in inputs], _CODE[out_dtype], attrs,
+                          cuda)
+
+
+def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quantizer=None, bias=None, fuse_gelu=False,
+         *, gelu_input=None, bias_grad=False, use_split_accumulator=True):
+    """lhs · rhs contracted over `contracting_dims` = (lhs dims, rhs dims), paired in order; out has lhs's
+    non-contracting dims followed by rhs's, in the operands' dtype (a ScaledTensor's dequantized dtype).
+
+    lhs, rhs: float32 / float16 / bfloat16 arrays of one dtype, or ScaledTensors (FP8 per tensor, delayed or current
+    scaling, with E4M3 x E4M3, E4M3 x E5M2 or E5M2 x E4M3; FP8 block 1x128 / 128x128, CUDA only). `*_quantizer`
+    quantizes a plain operand first. Epilogues (SPEC §6.2; out 2-D as [M, N], M = prod lhs outer dims):
+      bias [N]                                  out = lhs·rhs + bias (forward)
+      fuse_gelu=True                            returns (gelu(lhs·rhs (+ bias)), pre-GELU values)
+      gelu_input [M, N] (the saved pre-GELU)    out = (lhs·rhs) * gelu'(gelu_input) (dGELU)
+      bias_grad=True                            returns (out, bias gradient): with gelu_input Σ over M of out [N];
+                                                without, Σ over K of lhs [M] (the wgrad layout, lhs = dYᵀ)
+    use_split_accumulator: FP8 per-tensor accumulates in full precision (False: Hopper's fast accumulation).
+    """
+    _register()
+    lhs_nd = len(lhs.shape) if hasattr(lhs, "shape") else 0
+    rhs_nd = len(rhs.shape) if hasattr(rhs, "shape") else 0
+    where = f"(lhs {_describe(lhs) if hasattr(lhs, 'shape') else type(lhs).__name__}, rhs " \
+            f"{_describe(rhs) if hasattr(rhs, 'shape') else type(rhs).__name__}, contracting_dims={contracting_dims})"
+    if lhs_nd < 2 or rhs_nd < 2:
+        raise ValueError(f"tej.gemm: lhs and rhs must be at least 2-D {where}")
+    try:
+        lhs_c, rhs_c = contracting_dims
+    except (TypeError, ValueError):
+        raise ValueError(f"tej.gemm: contracting_dims must be a pair (lhs dims, rhs dims) {where}") from None
+    lhs_c = _normalize(lhs_c, lhs_nd, "lhs", where)
+    rhs_c = _normalize(rhs_c, rhs_nd, "rhs", where)
+    if len(lhs_c) != len(rhs_c):
+        raise ValueError(f"tej.gemm: lhs contracts over {len(lhs_c)} dims and rhs over {len(rhs_c)} {where}; pair "
+                         f"each lhs contracting dim with one of rhs")
+    for a, b in zip(lhs_c, rhs_c):
+        if lhs.shape[a] != rhs.shape[b]:
+            raise ValueError(f"tej.gemm: K mismatch: lhs dim {a} has {lhs.shape[a]} elements but rhs dim {b} has "
+                             f"{rhs.shape[b]} {where}")
+    L = _operand(lhs, lhs_c, lhs_quantizer, "lhs")
+    R = _operand(rhs, rhs_c, rhs_quantizer, "rhs")
+    out_dtype = L.dtype if L.dtype in _PLAIN else jnp.dtype(jnp.bfloat16)
+    grad = gelu_input is not None or bool(bias_grad)
+    if grad and (fuse_gelu or bias is not None):
+        raise ValueError(f"tej.gemm: gelu_input / bias_grad select the backward epilogues; pass fuse_gelu=False and "
+                         f"bias=None with them {where}")
+    m, n = math.prod(L.outer_shape), math.prod(R.outer_shape)
+    empty = jnp.zeros((0,), out_dtype)
+    bias_in = empty if bias is None else jnp.asarray(bias).reshape(-1)
+    gelu_in = empty if gelu_input is None else jnp.asarray(gelu_input).reshape(m, n)
+    # The handler's rhs is [N, K] when `rhs_transposed` (the stored copy has K last) and [K, N] otherwise.
+    attrs = dict(lhs_transposed=L.k_first, rhs_transposed=not R.k_first, lhs_scaling=np.int64(L.scaling),
+                 rhs_scaling=np.int64(R.scaling), fuse_bias=bias is not None or bool(bias_grad),
+                 fuse_gelu=bool(fuse_gelu) or gelu_input is not None, grad=grad,
+                 use_split_accumulator=bool(use_split_accumulator), allow_tf32=_allow_tf32())
+    inputs = (L.data, L.scale_inv, R.data, R.scale_inv, bias_in, gelu_in)
+    ffi_attrs = _ffi.GemmAttrs(**{k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()})
+    try:
+        plans = {"cuda": _plan(inputs, out_dtype, ffi_attrs, True)}
+        try:
+            plans["cpu"] = _plan(inputs, out_dtype, ffi_attrs, False)
+        except NotImplementedError:
+            if _likely_platform() == "cpu":
+                raise
+            plans["cpu"] = None  # a CUDA-only format: the CPU handler refuses it if the call runs there after all
+    except (ValueError, TypeError, NotImplementedError) as e:
+        raise type(e)(f"tej.gemm{where}: {e}") from None
+    plan = plans["cuda"]
+
+    def results(ws_bytes):
+        out = jax.ShapeDtypeStruct(tuple(plan["out"][0]), _DTYPE[plan["out"][1]])
+        extra = []
+        for key in ("pre_gelu_out", "bias_grad"):
+            present, shape, code = plan[key]
+            extra.append(jax.ShapeDtypeStruct(tuple(shape), _DTYPE[code]) if present else
+                         jax.ShapeDtypeStruct((0,), jnp.uint8))
+        return [out, *extra, jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)]
+
+    def call(platform):
+        p = plans[platform] if plans[platform] is not None else plans["cuda"]
+        ws = p["workspace_bytes"] if plans[platform] is not None else 0
+        return lambda *args: tuple(jax.ffi.ffi_call(_TARGET, results(ws))(*args, **attrs)[:3])
+
+    out, pre_gelu, bgrad = jax.lax.platform_dependent(*inputs, cpu=call("cpu"), cuda=call("cuda"))
+    out = out.reshape(L.outer_shape + R.outer_shape)
+    if fuse_gelu:
+        return out, pre_gelu.reshape(out.shape)
+    if bias_grad:
+        return out, bgrad
+    return out
