@@ -7,8 +7,8 @@
 //   D [n, m] row-major, row stride m
 // cuBLAS sees the column-major views: D_cmᵀ layout [m, n] (ld m) = op_a(A_cm [a_cols, a_rows]) · op_b(B_cm), with
 // op_a = T iff transA and op_b = T iff transB, so the flags pass through unchanged. Invariant: the CPU kernel and
-// the cuBLASLt wrapper read the same struct and the same GemmDims; checks live in the bridge (they name torch
-// shapes), the core only refuses what it cannot run.
+// the cuBLASLt wrapper read the same struct and the same GemmDims; the user-facing checks live in the GEMM op above
+// them (csrc/core/ops/gemm_op.h, shared by both frontends), these launchers only refuse what they cannot run.
 #pragma once
 
 #include <cstddef>
