@@ -24,14 +24,9 @@ E4M3_TOL = (0.125, 0.0675)
 LAYOUTS = {"TN": ((1,), (1,)), "NN": ((1,), (0,)), "NT": ((0,), (0,)), "TT": ((0,), (1,))}
 
 
-@pytest.fixture(autouse=True)
-def _on_the_cpu(request):
-    """CPU tests run on jax's CPU device, also where the default device is a GPU (cuda tests place their arrays)."""
-    if request.node.get_closest_marker("cuda"):
-        yield
-        return
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+# CPU tests run on jax's CPU device, also where the default device is a GPU (tests/jax/conftest.py); the tests
+# marked cuda place their arrays themselves.
+pytestmark = pytest.mark.usefixtures("jax_on_cpu")
 
 
 def operands(layout, m, k, n, dtype, seed=0):

@@ -14,15 +14,9 @@ from transformer_engine_jax import cpp_extensions as ops  # noqa: E402
 SM = tej.ScalingMode
 
 
-@pytest.fixture(autouse=True)
-def _on_the_cpu(request):
-    """The CPU parity tests compare tej's CPU handler with tex's CPU kernels: pinned to jax's CPU device, also on a
-    machine whose default jax device is a GPU (the tests marked cuda place their arrays themselves)."""
-    if request.node.get_closest_marker("cuda"):
-        yield
-        return
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
+# The CPU parity tests compare tej's CPU handler with tex's CPU kernels (tests/jax/conftest.py).
+pytestmark = pytest.mark.usefixtures("jax_on_cpu")
+
 MODES = [SM.DELAYED_TENSOR_SCALING, SM.CURRENT_TENSOR_SCALING, SM.MXFP8_1D_SCALING, SM.NVFP4_1D_SCALING,
          SM.NVFP4_2D_SCALING, SM.BLOCK_SCALING_1x128, SM.BLOCK_SCALING_128x128]
 
