@@ -67,6 +67,7 @@ class Quantizer:
     amax_epsilon: float = 0.0
     stochastic_rounding: bool = False
     use_rht: bool = False
+    random_sign_mask: bool = True  # with use_rht: the transform's sign vector (SPEC §4.6), as tex's default
 
     def ffi_attrs(self) -> dict:
         """The quantizer as the FFI handlers' `quantizer` attribute (csrc/jax/quantizer_attrs.h): the mode and
@@ -75,7 +76,7 @@ class Quantizer:
         if self.stochastic_rounding:
             flags |= FLAG_SR
         if self.use_rht:
-            flags |= FLAG_RHT | FLAG_RANDOM_SIGN
+            flags |= FLAG_RHT | (FLAG_RANDOM_SIGN if self.random_sign_mask else 0)
         nvfp4 = self.scaling_mode in (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
         dtype_code = _FP4_CODE if nvfp4 else _FP8_CODES.get(jnp.dtype(self.q_dtype), 0)
         return dict(scaling_mode=np.int64(self.scaling_mode), q_dtype=np.int64(dtype_code),

@@ -109,6 +109,22 @@ def test_quantize_bytes_equal_tex(mode):
     assert_same_bytes(got, want, f"quantize {mode.name}")
 
 
+@pytest.mark.parametrize("act", [None, "gelu"])
+@pytest.mark.parametrize("sign_mask", [True, False])
+def test_nvfp4_rht_bytes_equal_tex(sign_mask, act):
+    """NVFP4 with the random Hadamard transform on the columnwise copy (bf16 input, post-RHT amax), both copies,
+    through tej and tex: the same bytes, also for the NVFP4 global amaxes."""
+    x = inputs((64, 1, 128), jnp.bfloat16, 5)
+    q = tej.QuantizerFactory.create(scaling_mode=SM.NVFP4_1D_SCALING, use_rht=True, random_sign_mask=sign_mask)
+    got = jax.jit(lambda x, q: ops.act_lu(x, act, q) if act else ops.quantize(x[:, 0], q))(x, q)
+    tq = tex.NVFP4Quantizer(with_rht=True, with_post_rht_amax=True, with_random_sign_mask=sign_mask)
+    xt = torch.from_dlpack(x).reshape(64, 128)
+    want = tex.gelu(xt, tq) if act else tex.quantize(xt, tq)
+    assert_same_bytes(got, want, f"NVFP4 RHT sign_mask={sign_mask} {act}")
+    for ours, theirs in ((got.amax, want._amax_rowwise), (got.colwise_amax, want._amax_columnwise)):
+        assert np.asarray(ours).tobytes() == theirs.numpy().tobytes()
+
+
 @pytest.mark.parametrize("layout", ["rowwise", "colwise"])
 @pytest.mark.parametrize("mode", [m for m in MODES if m not in (SM.NVFP4_1D_SCALING, SM.NVFP4_2D_SCALING)],
                          ids=lambda m: m.name)
