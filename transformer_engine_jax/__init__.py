@@ -8,3 +8,8 @@ from .activation import activation
 from .cpp_extensions import act_lu, dact_lu, quantize, quantize_dact_dbias, quantize_dbias
 from .dequantize import dequantize
 from .gemm import gemm
+from .recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,
+                     NVFP4BlockScaling, QuantizerSet, autocast, get_autocast_recipe, make_quantizer_set,
+                     update_quantizer_set)
+from .dense import dense
+from .mlp import mlp

@@ -1,0 +1,271 @@
+"""`tej.dense`: a differentiable dense layer whose three GEMMs are `tej.gemm` calls on the quantized copies the torch
+frontend's `Linear` uses (SPEC §8), with TE/JAX's kernel layout.
+
+With kernel [K, N] (contracted over its leading dims, TE/JAX's layout) and x [M, K] (leading dims flattened):
+
+    fprop  y  = x·kernel (+ bias)   x rowwise, kernel colwise    (torch: W [N, K] rowwise, X rowwise: TN)
+    dgrad  dx = dy·kernelᵀ          dy rowwise, kernel rowwise   (torch: W columnwise, dY rowwise: NN)
+    wgrad  dk = xᵀ·dy               x colwise, dy colwise        (torch: X columnwise, dY columnwise: NT)
+
+(each operand uses the copy whose scaling runs along the contraction dim, SPEC §6.4; a kernel given [N, K], contracted
+over its trailing dims, swaps its two copies). x and kernel are quantized once, in the forward, with both copies; the
+residuals keep only the copy the backward reads. The output gradient is quantized once with its dbias fused
+(`quantize_dbias`); without quantizers dbias comes out of the wgrad GEMM's bias-grad epilogue. Split accumulation as
+the torch layers: fprop off, dgrad and wgrad on (FP8 per-tensor only). Gradients come back in the inputs' dtypes.
+
+Formats tej.gemm does not run yet (MXFP8, NVFP4 everywhere; FP8 block on the CPU) are emulated: each operand's copy
+is dequantized to float32 and multiplied by `lax.dot_general` in float32 (SPEC §6.7's emulation, in jnp), rounded
+once to x's dtype. NVFP4 runs without the random Hadamard transform there (recipe.py).
+
+Delayed scaling: the amaxes of the forward and backward casts leave as the cotangent of the quantizer set
+(`amax_history[0]`); `tej.update_quantizer_set` turns them into the next step's set (recipe.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .cpp_extensions import quantize, quantize_dbias
+from .gemm import gemm
+from .quantizers import DelayedScaleQuantizer, ScalingMode
+from .recipe import QuantizerSet, default_quantizer_set
+from .scaled_tensor import ScaledTensor
+
+__all__ = ["dense"]
+
+_EMULATED = (ScalingMode.MXFP8_1D_SCALING, ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
+_BLOCK = (ScalingMode.BLOCK_SCALING_1x128, ScalingMode.BLOCK_SCALING_128x128)
+_FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# Every GEMM dim (K, N, and the token count: the wgrad's contraction dim) must be a multiple of this (SPEC §6.5).
+_ALIGNMENT = {ScalingMode.DELAYED_TENSOR_SCALING: 16, ScalingMode.CURRENT_TENSOR_SCALING: 16,
+              ScalingMode.BLOCK_SCALING_1x128: 16, ScalingMode.BLOCK_SCALING_128x128: 16,
+              ScalingMode.MXFP8_1D_SCALING: 32, ScalingMode.NVFP4_1D_SCALING: 32, ScalingMode.NVFP4_2D_SCALING: 32}
+FPROP, DGRAD, WGRAD = "fprop", "dgrad", "wgrad"
+_SPLIT = {FPROP: False, DGRAD: True, WGRAD: True}
+
+
+# ---- helpers shared with mlp.py --------------------------------------------------------------------------------
+def resolve_quantizer_set(layer: str, qs) -> QuantizerSet | None:
+    """The layer's quantizer set: the given one, else autocast's; None when nothing quantizes. All three quantizers
+    or none (a GEMM takes two quantized operands or two plain ones)."""
+    if qs is None:
+        qs = default_quantizer_set(layer)
+    if not isinstance(qs, QuantizerSet):
+        raise TypeError(f"{layer}: quantizer_set must be a tej.QuantizerSet (tej.make_quantizer_set(recipe)) or "
+                        f"None, got {type(qs).__name__}")
+    given = [q is not None for q in qs]
+    if not any(given):
+        return None
+    if not all(given):
+        raise ValueError(f"{layer}: a QuantizerSet needs all of x, kernel and dgrad or none of them (each GEMM takes "
+                         f"two quantized operands or two plain ones), got {qs}")
+    return qs
+
+
+def check_alignment(layer: str, qs: QuantizerSet | None, dims: dict) -> None:
+    if qs is None:
+        return
+    a = max(_ALIGNMENT.get(q.scaling_mode, 1) for q in qs)
+    for name, v in dims.items():
+        if v % a:
+            raise ValueError(f"{layer}: under {qs.x.scaling_mode.name} every GEMM dim must be a multiple of {a} "
+                             f"(SPEC §6.5), got {name}={v}. Pad {name} to {-(-v // a) * a}, or run this layer "
+                             f"without quantizers (quantizer_set=tej.QuantizerSet() outside autocast)")
+
+
+def check_float(layer: str, name: str, a) -> None:
+    if jnp.dtype(a.dtype) not in _FLOATS:
+        raise TypeError(f"{layer}: {name} must be float32, bfloat16 or float16, got {jnp.dtype(a.dtype)} with shape "
+                        f"{tuple(a.shape)}")
+
+
+def copy_for(t, contract_last: bool):
+    """The copy of ScaledTensor `t` that a contraction over its last dim (rowwise) or first dim (colwise) reads;
+    a plain array as it is. A residual keeps only this."""
+    if not isinstance(t, ScaledTensor):
+        return t
+    return t.get_rowwise_tensor() if contract_last else t.get_colwise_tensor()
+
+
+def as_matrix(t: ScaledTensor, rows: int, cols: int) -> ScaledTensor:
+    """A ScaledTensor of a [..., A, F] kernel result seen as the [rows, cols] matrix the core quantized (its bytes
+    and scales are laid out for that 2-D shape)."""
+    return dataclasses.replace(t, shape=(rows, cols))
+
+
+def _emulated(lhs, rhs, dims, dtype, bias):
+    """The GEMM on the dequantized copies (float32, exact), accumulated in float32, rounded once to dtype."""
+    (lc,), (rc,) = dims
+    a = copy_for(lhs, lc == 1).dequantize(jnp.float32)
+    b = copy_for(rhs, rc == 1).dequantize(jnp.float32)
+    out = jax.lax.dot_general(a, b, (dims, ((), ())), precision=jax.lax.Precision.HIGHEST,
+                              preferred_element_type=jnp.float32)
+    if bias is not None:
+        out = out + bias.astype(jnp.float32)
+    return out.astype(dtype)
+
+
+def mm(lhs, rhs, dims, dtype, gemm_kind: str, bias=None):
+    """2-D lhs·rhs contracted over dims ((a,), (b,)), out in `dtype`: tej.gemm, or the emulation for the formats it
+    does not run here."""
+    if isinstance(lhs, ScaledTensor):
+        modes = (lhs.scaling_mode, rhs.scaling_mode)
+        if any(m in _EMULATED for m in modes):
+            return _emulated(lhs, rhs, dims, dtype, bias)
+        if any(m in _BLOCK for m in modes):
+            try:
+                return gemm(lhs, rhs, dims, bias=bias)
+            except NotImplementedError:  # the CPU kernel has no FP8 block GEMM (SPEC §6.6)
+                return _emulated(lhs, rhs, dims, dtype, bias)
+    return gemm(lhs, rhs, dims, bias=bias, use_split_accumulator=_SPLIT[gemm_kind])
+
+
+def quantize_grad(dy, q, with_dbias: bool):
+    """(dy quantized with both copies, its column sums or None): one fused cast."""
+    if with_dbias:
+        return quantize_dbias(dy, q)
+    return quantize(dy, q), None
+
+
+def wgrad_plain(lhs_t, dy, kernel_last: bool, with_dbias: bool):
+    """(dk, dbias) without quantizers: dk = lhs_tᵀ·dy ([K, N], or [N, K] when kernel_last), dbias = Σ_rows dy from
+    the GEMM's bias-grad epilogue (which sums the GEMM's lhs: dy, so it computes dkᵀ and transposes when needed)."""
+    if not with_dbias:
+        return (gemm(dy, lhs_t, ((0,), (0,)), use_split_accumulator=True) if kernel_last else
+                gemm(lhs_t, dy, ((0,), (0,)), use_split_accumulator=True)), None
+    dk_t, db = gemm(dy, lhs_t, ((0,), (0,)), bias_grad=True, use_split_accumulator=True)
+    return (dk_t if kernel_last else dk_t.T), db
+
+
+def amax_cotangent(q, amax):
+    """The cotangent of quantizer `q` that carries the amax its cast observed: a delayed quantizer's
+    `amax_history[0]` (zeros elsewhere); quantizers without float state get their own (leafless) structure, or None."""
+    if isinstance(q, DelayedScaleQuantizer):
+        hist = jnp.zeros_like(q.amax_history).at[0].set(amax.reshape(()).astype(q.amax_history.dtype))
+        return dataclasses.replace(q, scale=jnp.zeros_like(q.scale), amax_history=hist)
+    return None
+
+
+def qs_cotangent(qs: QuantizerSet | None, amaxes):
+    if qs is None:
+        return None
+    return QuantizerSet(*(amax_cotangent(q, a) for q, a in zip(qs, amaxes)))
+
+
+def amax_of(t):
+    return t.amax if isinstance(t, ScaledTensor) else None
+
+
+# ---- the layer -------------------------------------------------------------------------------------------------
+def _fwd(x, kernel, bias, qs, kernel_last):
+    """y [M, N] and the residuals; x [M, K], kernel [K, N] ([N, K] when kernel_last), bias [N] or None."""
+    fdims = ((1,), (1,)) if kernel_last else ((1,), (0,))
+    if qs is None:
+        y = mm(x, kernel, fdims, x.dtype, FPROP, bias)
+        return y, (x, kernel, None, (None, None))
+    xq, kq = quantize(x, qs.x), quantize(kernel, qs.kernel)
+    y = mm(xq, kq, fdims, x.dtype, FPROP, bias)
+    # Residuals: x's colwise copy (wgrad), the kernel's copy the dgrad contracts over N with.
+    return y, (copy_for(xq, False), copy_for(kq, not kernel_last), qs, (xq.amax, kq.amax))
+
+
+def _bwd(kernel_last, with_bias, dtype, res, dy):
+    x_res, k_res, qs, (x_amax, k_amax) = res
+    ddims = ((1,), (0,)) if kernel_last else ((1,), (1,))
+    if qs is None:
+        dx = mm(dy, k_res, ddims, dtype, DGRAD)
+        dk, db = wgrad_plain(x_res, dy, kernel_last, with_bias)
+        return dx, dk, db, None
+    dyq, db = quantize_grad(dy, qs.dgrad, with_bias)
+    dx = mm(copy_for(dyq, True), k_res, ddims, dtype, DGRAD)
+    dyc = copy_for(dyq, False)
+    dk = mm(dyc, x_res, ((0,), (0,)), dtype, WGRAD) if kernel_last else mm(x_res, dyc, ((0,), (0,)), dtype, WGRAD)
+    return dx, dk, db, qs_cotangent(qs, (x_amax, k_amax, dyq.amax))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _dense2d(x, kernel, bias, qs, kernel_last):
+    return _fwd(x, kernel, bias, qs, kernel_last)[0]
+
+
+def _dense2d_fwd(x, kernel, bias, qs, kernel_last):
+    y, res = _fwd(x, kernel, bias, qs, kernel_last)
+    return y, (res, bias is not None)
+
+
+def _dense2d_bwd(kernel_last, saved, dy):
+    res, with_bias = saved
+    dtype = (res[0].dq_dtype if isinstance(res[0], ScaledTensor) else res[0].dtype)
+    dx, dk, db, dqs = _bwd(kernel_last, with_bias, dtype, res, dy.astype(dtype))
+    return dx, dk, db, dqs
+
+
+_dense2d.defvjp(_dense2d_fwd, _dense2d_bwd)
+
+
+def _normalize(dims, ndim, name, where):
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    out = tuple(int(d) % ndim if isinstance(d, int) and -ndim <= d < ndim else None for d in dims)
+    if not out or None in out or len(set(out)) != len(out):
+        raise ValueError(f"tej.dense: {name} contracting dims {dims} must be distinct, in range for a {ndim}-D "
+                         f"{name} and at least one {where}")
+    return out
+
+
+def dense(x, kernel, bias=None, contracting_dims=((-1,), (0,)), quantizer_set=None):
+    """y = x·kernel (+ bias), differentiable (custom_vjp) in x, kernel and bias — and in `quantizer_set`, whose
+    cotangent carries the delayed-scaling amaxes (recipe.py).
+
+    x [..., K...]: contracted over its trailing dims `contracting_dims[0]`, any leading (batch) dims. kernel:
+    [K..., N...] contracted over its leading dims (TE/JAX's layout, the default), or [N..., K...] over its trailing
+    dims. bias: the kernel's non-contracting shape [N...]. y: [x's leading dims, N...] in x's dtype; the kernel and
+    bias are cast to it. quantizer_set: a tej.QuantizerSet (x, kernel, dgrad), or None: autocast's recipe, or plain
+    GEMMs outside autocast."""
+    layer = "tej.dense"
+    if not hasattr(x, "shape") or not hasattr(kernel, "shape"):
+        raise TypeError(f"{layer}: x and kernel must be arrays, got {type(x).__name__} and {type(kernel).__name__}")
+    where = f"(x {tuple(x.shape)}, kernel {tuple(kernel.shape)}, contracting_dims={contracting_dims})"
+    check_float(layer, "x", x)
+    check_float(layer, "kernel", kernel)
+    try:
+        x_c, k_c = contracting_dims
+    except (TypeError, ValueError):
+        raise ValueError(f"{layer}: contracting_dims must be a pair (x dims, kernel dims) {where}") from None
+    x_c, k_c = _normalize(x_c, x.ndim, "x", where), _normalize(k_c, kernel.ndim, "kernel", where)
+    n = len(x_c)
+    if len(k_c) != n or n >= kernel.ndim or n > x.ndim:
+        raise ValueError(f"{layer}: x and kernel must contract over the same number of dims, and the kernel must keep "
+                         f"at least one output dim {where}")
+    if x_c != tuple(range(x.ndim - n, x.ndim)):
+        raise ValueError(f"{layer}: x must contract over its trailing dims {tuple(range(x.ndim - n, x.ndim))}, got "
+                         f"{x_c} {where}; move the batch dims to the front")
+    if k_c == tuple(range(n)):
+        kernel_last = False
+    elif k_c == tuple(range(kernel.ndim - n, kernel.ndim)):
+        kernel_last = True
+    else:
+        raise ValueError(f"{layer}: kernel must contract over its leading dims {tuple(range(n))} ([K.., N..]) or its "
+                         f"trailing dims ([N.., K..]), got {k_c} {where}")
+    k_shape = tuple(x.shape[d] for d in x_c)
+    if tuple(kernel.shape[d] for d in k_c) != k_shape:
+        raise ValueError(f"{layer}: K mismatch: x's contracting dims have shape {k_shape} but the kernel's "
+                         f"{tuple(kernel.shape[d] for d in k_c)} {where}")
+    out_shape = tuple(kernel.shape[d] for d in range(kernel.ndim) if d not in k_c)
+    if bias is not None and tuple(bias.shape) not in (out_shape, (math.prod(out_shape),)):
+        raise ValueError(f"{layer}: bias must have the kernel's output shape {out_shape}, got {tuple(bias.shape)} "
+                         f"{where}")
+    if bias is not None:
+        check_float(layer, "bias", bias)
+    qs = resolve_quantizer_set(layer, quantizer_set)
+    lead = tuple(x.shape[:x.ndim - n])
+    m, k, nn = math.prod(lead), math.prod(k_shape), math.prod(out_shape)
+    check_alignment(layer, qs, {"tokens (the product of x's leading dims)": m, "K": k, "N": nn})
+    dtype = x.dtype
+    k2 = kernel.astype(dtype).reshape((nn, k) if kernel_last else (k, nn))
+    b = None if bias is None else bias.astype(dtype).reshape(nn)
+    y = _dense2d(x.reshape(m, k), k2, b, qs, kernel_last)
+    return y.reshape(lead + out_shape)

@@ -1,0 +1,147 @@
+"""`tej.mlp`: dense -> activation -> dense as one custom_vjp, the torch frontend's `MLP` (SPEC §8) in JAX.
+
+Shapes (TE/JAX's layouts): x [..., K]; w1 [K, A, F] with A = 2 for a gated activation (index 0 of axis 1 feeds the
+activation, index 1 is the linear half, as `tej.act_lu` takes them) and A = 1 otherwise (w1 [K, F] is accepted for
+unary activations); b1 [A, F] (or [F] unary); w2 [F, N]; b2 [N]. y [..., N] in x's dtype.
+
+Forward: h = x·w1 (+ b1) in x's dtype (kept for the backward); a = act(h) from the fused `act_lu`, which with a
+quantizer comes out already quantized by the second layer's x quantizer (SPEC §5.1), straight into the second
+GEMM; y = a·w2 (+ b2). Backward: dy quantized once with its dbias; da = dy·w2ᵀ; dh = act'(h)·da from the fused
+`quantize_dact_dbias`, quantized for both GEMMs of the first layer with its dbias fused (unary activations; a gated
+one's dbias comes from a second fused cast, `quantize_dbias`, of the unquantized dact); dx = dh·w1ᵀ, dw1 = xᵀ·dh.
+Copies, split accumulation, emulated formats and the delayed-scaling cotangents are dense.py's.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .activation_types import activation_of
+from .cpp_extensions import act_lu, dact_lu, quantize, quantize_dact_dbias
+from .dense import (DGRAD, FPROP, WGRAD, as_matrix, check_alignment, check_float, copy_for, mm, qs_cotangent,
+                    quantize_grad, resolve_quantizer_set, wgrad_plain)
+
+__all__ = ["mlp"]
+
+_FDIMS, _DDIMS, _WDIMS = ((1,), (0,)), ((1,), (1,)), ((0,), (0,))
+
+
+def _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim):
+    """y [M, N] and the residuals; x [M, K], w1 [K, A*F], b1 [A*F], w2 [F, N], b2 [N]."""
+    m, dtype = x.shape[0], x.dtype
+    q = qs1 is not None
+    xq = quantize(x, qs1.x) if q else x
+    w1q = quantize(w1, qs1.kernel) if q else w1
+    h = mm(xq, w1q, _FDIMS, dtype, FPROP, b1)                               # [M, A*F]
+    a = act_lu(h.reshape(m, a_dim, -1), act, quantizer=qs2.x if q else None)  # [M, F], quantized for GEMM 2
+    w2q = quantize(w2, qs2.kernel) if q else w2
+    y = mm(a, w2q, _FDIMS, dtype, FPROP, b2)
+    amaxes = tuple(getattr(t, "amax", None) for t in (xq, w1q, a, w2q))
+    res = (copy_for(xq, False), copy_for(w1q, True), h, copy_for(a, False), copy_for(w2q, True), qs1, qs2, amaxes)
+    return y, res
+
+
+def _dact(da, h3, act, q, with_dbias, gated):
+    """(dh [M, A*F] — quantized by q when given —, dbias [A*F] or None, the cast's amax). Without q, a gated
+    activation's dbias is left to the wgrad GEMM's epilogue (None here)."""
+    m, cols = h3.shape[0], h3.shape[1] * h3.shape[2]
+    if with_dbias and gated and q is not None:  # the fused dact + dbias kernel takes unary activations only
+        dhq, db = quantize_grad(dact_lu(da, h3, act).reshape(m, cols), q, True)
+        return dhq, db, dhq.amax
+    dh, db = quantize_dact_dbias(da, h3, act, with_dbias and not gated, q)
+    if q is None:
+        return dh.reshape(m, cols), db, None
+    return as_matrix(dh, m, cols), db, dh.amax
+
+
+def _bwd(act, a_dim, gated, with_b1, with_b2, res, dy):
+    x_r, w1_r, h, a_r, w2_r, qs1, qs2, (x_amax, w1_amax, a_amax, w2_amax) = res
+    dtype = h.dtype
+    dy = dy.astype(dtype)
+    q = qs1 is not None
+    if q:
+        dyq, db2 = quantize_grad(dy, qs2.dgrad, with_b2)
+        da = mm(copy_for(dyq, True), w2_r, _DDIMS, dtype, DGRAD)
+        dw2 = mm(a_r, copy_for(dyq, False), _WDIMS, dtype, WGRAD)
+    else:
+        da = mm(dy, w2_r, _DDIMS, dtype, DGRAD)
+        dw2, db2 = wgrad_plain(a_r, dy, False, with_b2)
+    dh, db1, dh_amax = _dact(da, h.reshape(h.shape[0], a_dim, -1), act, qs1.dgrad if q else None, with_b1, gated)
+    dx = mm(copy_for(dh, True), w1_r, _DDIMS, dtype, DGRAD)
+    if not q:
+        dw1, db_gemm = wgrad_plain(x_r, dh, False, with_b1 and gated)
+        return dx, dw1, db1 if db_gemm is None else db_gemm, dw2, db2, None, None
+    dw1 = mm(x_r, copy_for(dh, False), _WDIMS, dtype, WGRAD)
+    dqs1 = qs_cotangent(qs1, (x_amax, w1_amax, dh_amax))
+    dqs2 = qs_cotangent(qs2, (a_amax, w2_amax, dyq.amax))
+    return dx, dw1, db1, dw2, db2, dqs1, dqs2
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
+def _mlp2d(x, w1, b1, w2, b2, qs1, qs2, act, a_dim):
+    return _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim)[0]
+
+
+def _mlp2d_fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim):
+    y, res = _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim)
+    return y, (res, b1 is not None, b2 is not None)
+
+
+def _mlp2d_bwd(act, a_dim, saved, dy):
+    res, with_b1, with_b2 = saved
+    return _bwd(act, a_dim, activation_of(act).gated, with_b1, with_b2, res, dy)
+
+
+_mlp2d.defvjp(_mlp2d_fwd, _mlp2d_bwd)
+
+
+def mlp(x, w1, b1, w2, b2, activation_type=("gelu",), quantizer_sets=(None, None)):
+    """y = act(x·w1 + b1)·w2 + b2, differentiable (custom_vjp) in x, the weights, the biases and the quantizer sets
+    (their cotangents carry the delayed-scaling amaxes). Shapes in the module doc; b1 / b2 may be None.
+    quantizer_sets: (qs1, qs2), the QuantizerSets of the two dense layers (qs2.x quantizes the activation), or
+    (None, None): autocast's recipe, or plain GEMMs outside autocast."""
+    layer = "tej.mlp"
+    act = activation_of(activation_type)
+    a_dim = 2 if act.gated else 1
+    for name, t in (("x", x), ("w1", w1), ("w2", w2), ("b1", b1), ("b2", b2)):
+        if t is not None:
+            check_float(layer, name, t)
+    where = (f"(x {tuple(x.shape)}, w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}, activation {act.spelling}; w1 must be "
+             f"[K, {a_dim}, F]{'' if act.gated else ' or [K, F]'}, w2 [F, N])")
+    if x.ndim < 1 or w2.ndim != 2:
+        raise ValueError(f"{layer}: x must be [..., K] and w2 [F, N] {where}")
+    k = x.shape[-1]
+    if w1.ndim == 3 and w1.shape[1] == a_dim:
+        f = w1.shape[2]
+    elif w1.ndim == 2 and not act.gated:
+        f = w1.shape[1]
+    else:
+        raise ValueError(f"{layer}: w1 has shape {tuple(w1.shape)}, not the kernel {act.spelling} takes {where}")
+    if w1.shape[0] != k:
+        raise ValueError(f"{layer}: K mismatch: x's last dim is {k} but w1's first is {w1.shape[0]} {where}")
+    if w2.shape[0] != f:
+        raise ValueError(f"{layer}: F mismatch: the activation gives {f} features but w2's first dim is "
+                         f"{w2.shape[0]} {where}")
+    n = w2.shape[1]
+    if b1 is not None and math.prod(b1.shape) != a_dim * f:
+        raise ValueError(f"{layer}: b1 must be [{a_dim}, {f}] or [{a_dim * f}], got {tuple(b1.shape)} {where}")
+    if b2 is not None and tuple(b2.shape) != (n,):
+        raise ValueError(f"{layer}: b2 must be [{n}], got {tuple(b2.shape)} {where}")
+    try:
+        qs1, qs2 = quantizer_sets
+    except (TypeError, ValueError):
+        raise ValueError(f"{layer}: quantizer_sets must be a pair (qs1, qs2), got {quantizer_sets!r}") from None
+    qs1, qs2 = resolve_quantizer_set(layer, qs1), resolve_quantizer_set(layer, qs2)
+    if (qs1 is None) != (qs2 is None):
+        raise ValueError(f"{layer}: quantize both dense layers or neither (qs1 {qs1}, qs2 {qs2})")
+    lead = tuple(x.shape[:-1])
+    m = math.prod(lead)
+    check_alignment(layer, qs1, {"tokens (the product of x's leading dims)": m, "K": k, "F": f, "N": n})
+    dtype = x.dtype
+    y = _mlp2d(x.reshape(m, k), w1.astype(dtype).reshape(k, a_dim * f),
+               None if b1 is None else b1.astype(dtype).reshape(a_dim * f), w2.astype(dtype),
+               None if b2 is None else b2.astype(dtype), qs1, qs2, act.name, a_dim)
+    return y.reshape(lead + (n,))
