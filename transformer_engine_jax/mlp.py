@@ -17,11 +17,10 @@ import functools
 import math
 
 import jax
-import jax.numpy as jnp
 
 from .activation_types import activation_of
 from .cpp_extensions import act_lu, dact_lu, quantize, quantize_dact_dbias
-from .dense import (DGRAD, FPROP, WGRAD, as_matrix, check_alignment, check_float, copy_for, mm, qs_cotangent,
+from .dense import (DGRAD, FPROP, WGRAD, amax_of, as_matrix, check_alignment, check_float, copy_for, mm, qs_cotangent,
                     quantize_grad, resolve_quantizer_set, wgrad_plain)
 
 __all__ = ["mlp"]
@@ -39,7 +38,7 @@ def _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim):
     a = act_lu(h.reshape(m, a_dim, -1), act, quantizer=qs2.x if q else None)  # [M, F], quantized for GEMM 2
     w2q = quantize(w2, qs2.kernel) if q else w2
     y = mm(a, w2q, _FDIMS, dtype, FPROP, b2)
-    amaxes = tuple(getattr(t, "amax", None) for t in (xq, w1q, a, w2q))
+    amaxes = tuple(amax_of(t) for t in (xq, w1q, a, w2q))
     res = (copy_for(xq, False), copy_for(w1q, True), h, copy_for(a, False), copy_for(w2q, True), qs1, qs2, amaxes)
     return y, res
 
