@@ -178,16 +178,18 @@ def test_dense_fp8_vs_dequantized_float64(recipe):
         assert float(nxt.x.amax_history[-1]) == amax(x)
 
 
-@pytest.mark.parametrize("recipe", list(FP8))
-def test_mlp_fp8(recipe):
-    """The FP8 MLP (activation quantized by the fused kernel for GEMM 2, fused dact+dbias quantization) tracks the
-    float64 MLP within FP8's error, and its cotangents carry an amax for each of its six delayed quantizers."""
+@pytest.mark.parametrize("recipe,act", [("delayed", "gelu"), ("current", "gelu"), ("current", "swiglu")])
+def test_mlp_fp8(recipe, act):
+    """The FP8 MLP (activation quantized by the fused kernel for GEMM 2, fused dact(+dbias) quantization; gated: the
+    dbias from a second fused cast) tracks the float64 MLP within FP8's error, and its cotangents carry an amax for
+    each of its six delayed quantizers."""
     qs = (tej.make_quantizer_set(FP8[recipe]), tej.make_quantizer_set(FP8[recipe]))
+    a = 2 if act == "swiglu" else 1
     x, cot = rand(30, (4, 16, 32), jnp.bfloat16), rand(31, (4, 16, 16), jnp.bfloat16)
-    w1, b1 = rand(32, (32, 1, 64), jnp.bfloat16, 0.2), rand(33, (1, 64), jnp.bfloat16)
+    w1, b1 = rand(32, (32, a, 64), jnp.bfloat16, 0.2), rand(33, (a, 64), jnp.bfloat16)
     w2, b2 = rand(34, (64, 16), jnp.bfloat16, 0.2), rand(35, (16,), jnp.bfloat16)
-    y, grads = with_grads(lambda *p: tej.mlp(*p[:5], ("gelu",), p[5]), (x, w1, b1, w2, b2, qs), cot)
-    want, wgrads = grad64(mlp_ref("gelu"), (x, w1, b1, w2, b2), cot)
+    y, grads = with_grads(lambda *p: tej.mlp(*p[:5], ACTS[act][0], p[5]), (x, w1, b1, w2, b2, qs), cot)
+    want, wgrads = grad64(mlp_ref(act), (x, w1, b1, w2, b2), cot)
     for name, g, w in zip(("y", "dx", "dw1", "db1", "dw2", "db2"), (y, *grads[:5]), (want, *wgrads)):
         err = np.abs(np.asarray(jnp.asarray(g, jnp.float32), F64) - w).max() / np.abs(w).max()
         # y: four E4M3 casts on its way; HYBRID gradients are E5M2 (2 mantissa bits), twice on the way to dx.
