@@ -15,16 +15,20 @@ rhs "A" and lhs "B": D = op(B)·op(A), csrc/jax/gemm.h).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _ffi
 from .cpp_extensions import _register, quantize
 from .quantizers import Quantizer, ScalingMode
 from .scaled_tensor import ScaledTensor
+from .sharding import _mesh_axes
 
 _TARGET = "te_gemm"
 # The core's DType codes (SPEC §1.3) of the element types a te_gemm call passes or returns.
@@ -176,6 +180,41 @@ def _plan(inputs, out_dtype, attrs, cuda: bool):
                           cuda)
 
 
+def _plans(inputs, out_dtype, attrs) -> dict:
+    """The core's plans of a te_gemm call for CUDA and the CPU (None: a CUDA-only format)."""
+    ffi_attrs = _ffi.GemmAttrs(**{k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()})
+    plans = {"cuda": _plan(inputs, out_dtype, ffi_attrs, True)}
+    try:
+        plans["cpu"] = _plan(inputs, out_dtype, ffi_attrs, False)
+    except NotImplementedError:
+        if _likely_platform() == "cpu":
+            raise
+        plans["cpu"] = None  # a CUDA-only format: the CPU handler refuses it if the call runs there after all
+    return plans
+
+
+def _te_gemm(out_dtype, attrs: dict, *inputs):
+    """The te_gemm FFI call on 2-D operands (global or one device's shards) -> (out, pre_gelu, bias_grad)."""
+    plans = _plans(inputs, out_dtype, attrs)
+    plan = plans["cuda"]
+
+    def results(ws_bytes):
+        out = jax.ShapeDtypeStruct(tuple(plan["out"][0]), _DTYPE[plan["out"][1]])
+        extra = []
+        for key in ("pre_gelu_out", "bias_grad"):
+            present, shape, code = plan[key]
+            extra.append(jax.ShapeDtypeStruct(tuple(shape), _DTYPE[code]) if present else
+                         jax.ShapeDtypeStruct((0,), jnp.uint8))
+        return [out, *extra, jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)]
+
+    def call(platform):
+        p = plans[platform] if plans[platform] is not None else plans["cuda"]
+        ws = p["workspace_bytes"] if plans[platform] is not None else 0
+        return lambda *args: tuple(jax.ffi.ffi_call(_TARGET, results(ws))(*args, **attrs)[:3])
+
+    return jax.lax.platform_dependent(*inputs, cpu=call("cpu"), cuda=call("cuda"))
+
+
 def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quantizer=None, bias=None, fuse_gelu=False,
          *, gelu_input=None, bias_grad=False, use_split_accumulator=True):
     """lhs · rhs contracted over `contracting_dims` = (lhs dims, rhs dims), paired in order; out has lhs's
@@ -228,37 +267,130 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
                  fuse_gelu=bool(fuse_gelu) or gelu_input is not None, grad=grad,
                  use_split_accumulator=bool(use_split_accumulator), allow_tf32=_allow_tf32())
     inputs = (L.data, L.scale_inv, R.data, R.scale_inv, bias_in, gelu_in)
-    ffi_attrs = _ffi.GemmAttrs(**{k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()})
     try:
-        plans = {"cuda": _plan(inputs, out_dtype, ffi_attrs, True)}
-        try:
-            plans["cpu"] = _plan(inputs, out_dtype, ffi_attrs, False)
-        except NotImplementedError:
-            if _likely_platform() == "cpu":
-                raise
-            plans["cpu"] = None  # a CUDA-only format: the CPU handler refuses it if the call runs there after all
+        _plans(inputs, out_dtype, attrs)  # every check at trace time, on the global shapes
     except (ValueError, TypeError, NotImplementedError) as e:
         raise type(e)(f"tej.gemm{where}: {e}") from None
-    plan = plans["cuda"]
-
-    def results(ws_bytes):
-        out = jax.ShapeDtypeStruct(tuple(plan["out"][0]), _DTYPE[plan["out"][1]])
-        extra = []
-        for key in ("pre_gelu_out", "bias_grad"):
-            present, shape, code = plan[key]
-            extra.append(jax.ShapeDtypeStruct(tuple(shape), _DTYPE[code]) if present else
-                         jax.ShapeDtypeStruct((0,), jnp.uint8))
-        return [out, *extra, jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)]
-
-    def call(platform):
-        p = plans[platform] if plans[platform] is not None else plans["cuda"]
-        ws = p["workspace_bytes"] if plans[platform] is not None else 0
-        return lambda *args: tuple(jax.ffi.ffi_call(_TARGET, results(ws))(*args, **attrs)[:3])
-
-    out, pre_gelu, bgrad = jax.lax.platform_dependent(*inputs, cpu=call("cpu"), cuda=call("cuda"))
+    out, pre_gelu, bgrad = _sharded_gemm(out_dtype, tuple(sorted(attrs.items())))(*inputs)
     out = out.reshape(L.outer_shape + R.outer_shape)
     if fuse_gelu:
         return out, pre_gelu.reshape(out.shape)
     if bias_grad:
         return out, bgrad
     return out
+
+
+# ---- sharding ----------------------------------------------------------------------------------------------------
+# Under jax.jit with NamedSharding the te_gemm call is partitioned by the shardings of its 2-D operands (M from lhs, N
+# and K from rhs and lhs), with exactly the collectives a shard_map would need:
+#   data parallel   lhs sharded along M, rhs replicated          local GEMMs, out sharded along M, no collective
+#   column parallel rhs sharded along N                          local GEMMs, out sharded along N, no collective
+#   row parallel    lhs and rhs sharded alike along K            local FP32 GEMMs, one psum over the K axes, rounded
+#                                                                once to the output dtype
+# M and N shard together (a 2-D mesh). Row parallel runs only without epilogues (GELU, bias and the bias gradient do
+# not compose with a sum of partial products), with both operands K-sharded on the same axes and with plain or FP8
+# per-tensor operands: its psum adds the shards' FP32 partial products in another order than one unsharded GEMM
+# accumulates them, so it equals the unsharded call to FP32 accumulation tolerance, not bit for bit. Any other
+# sharding is resharded by XLA to the nearest of these (K replicated at worst; FP8 block scales and local dims the
+# core's planner refuses: everything replicated), so the result is always the unsharded call's.
+
+
+def _dims(attrs: dict) -> tuple:
+    """(lhs M, lhs K, rhs K, rhs N): the positions of those dims in the 2-D buffers the call passes."""
+    lhs_m, lhs_k = (1, 0) if attrs["lhs_transposed"] else (0, 1)
+    rhs_n, rhs_k = (0, 1) if attrs["rhs_transposed"] else (1, 0)
+    return lhs_m, lhs_k, rhs_k, rhs_n
+
+
+def _axes(arg, dim: int) -> tuple:
+    spec = tuple(arg.sharding.spec) + (None,) * len(arg.shape)
+    return _mesh_axes((spec[dim],))
+
+
+def _entry(axes: tuple):
+    return axes if axes else None
+
+
+def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict):
+    """(K mesh axes, argument shardings, result shardings) of one te_gemm call, from its operands' shardings."""
+    lhs, _, rhs, _, bias, gelu_in = arg_shapes
+    lhs_m, lhs_k, rhs_k, rhs_n = _dims(attrs)
+    m, k, n = _axes(lhs, lhs_m), _axes(lhs, lhs_k), _axes(rhs, rhs_n)
+    n = tuple(a for a in n if a not in m)
+    epilogue = attrs["fuse_bias"] or attrs["fuse_gelu"] or attrs["grad"]
+    if epilogue or k != _axes(rhs, rhs_k) or set(k) & set(m + n):
+        k = ()
+    if attrs["grad"] and attrs["fuse_gelu"] and attrs["fuse_bias"]:
+        m = ()  # the bias gradient sums out over M
+    if attrs["lhs_scaling"] not in (0, 1) or attrs["rhs_scaling"] not in (0, 1):
+        m = n = k = ()  # block scales tile the operands: not split here
+    sizes = {a: mesh.shape[a] for a in m + n + k}
+    local = lambda shape, parts: tuple(d // math.prod(sizes[a] for a in p) for d, p in zip(shape, parts))
+    lhs_parts, rhs_parts = [None, None], [None, None]
+    lhs_parts[lhs_m], lhs_parts[lhs_k], rhs_parts[rhs_k], rhs_parts[rhs_n] = m, k, k, n
+    try:  # local shapes the kernel refuses (alignment, a shard count that does not divide): replicate
+        if any(d % math.prod(sizes[a] for a in p) for a_ in (lhs, rhs) for d, p in
+               zip(a_.shape, lhs_parts if a_ is lhs else rhs_parts)):
+            raise ValueError("uneven shards")
+        shrink = lambda a, parts: jax.ShapeDtypeStruct(local(a.shape, parts), a.dtype)
+        local_in = list(arg_shapes)
+        local_in[0], local_in[2] = shrink(lhs, lhs_parts), shrink(rhs, rhs_parts)
+        if bias.shape[0]:
+            local_in[4] = shrink(bias, [n])
+        if len(gelu_in.shape) == 2:
+            local_in[5] = shrink(gelu_in, [m, n])
+        _plans(local_in, jnp.dtype(jnp.float32) if k else out_dtype, attrs)
+    except (ValueError, TypeError, NotImplementedError):
+        m = n = k = ()
+        lhs_parts, rhs_parts = [(), ()], [(), ()]
+    spec = lambda *parts: NamedSharding(mesh, PartitionSpec(*(_entry(p) for p in parts)))
+    args = (spec(*lhs_parts), spec(), spec(*rhs_parts), spec(), spec(n) if bias.shape[0] else spec(),
+            spec(m, n) if len(gelu_in.shape) == 2 else spec())
+    bgrad = n if attrs["fuse_gelu"] else m  # with gelu_input: Σ over M of out [N]; without: Σ over K of lhs [M]
+    _, pre_gelu, bias_grad = result_shapes
+    results = (spec(m, n), spec(m, n) if len(pre_gelu.shape) == 2 else spec(),
+               spec(bgrad) if bias_grad.shape[0] else spec())
+    return k, args, results
+
+
+def _gemm_rule(attrs: dict):
+    """The Shardy rule: factors m, k, n shared by the operands, the output and the epilogues' arrays."""
+    lhs_m, lhs_k, rhs_k, rhs_n = _dims(attrs)
+
+    def rule(mesh, value_types, result_types):
+        lhs, rhs = ["", ""], ["", ""]
+        lhs[lhs_m], lhs[lhs_k], rhs[rhs_k], rhs[rhs_n] = "m", "k", "k", "n"
+        bias, gelu_in = value_types[4], value_types[5]
+        bgrad = "n" if attrs["fuse_gelu"] else "m"
+        terms = [" ".join(lhs), "s0", " ".join(rhs), "s1", "n" if bias.shape[0] else "b",
+                 "m n" if len(gelu_in.shape) == 2 else "g", "m n",
+                 "m n" if len(result_types[1].shape) == 2 else "p",
+                 bgrad if result_types[2].shape[0] else "d"]
+        return ", ".join(terms[:6]) + " -> " + ", ".join(terms[6:])
+
+    return rule
+
+
+@functools.lru_cache(maxsize=None)
+def _sharded_gemm(out_dtype, attr_items: tuple):
+    """The te_gemm call with these attributes, partitioned (custom_partitioning) as the block above says. Cached:
+    jax caches traces and compiled programs by the function's identity."""
+    attrs = dict(attr_items)
+
+    def partition(mesh, arg_shapes, result_shape):
+        k, args, results = _gemm_shardings(mesh, arg_shapes, result_shape, out_dtype, attrs)
+        if not k:
+            return mesh, functools.partial(_te_gemm, out_dtype, attrs), results, args
+
+        def row_parallel(*inputs):  # partial FP32 products, summed over the K shards, rounded once
+            out, pre_gelu, bgrad = _te_gemm(jnp.dtype(jnp.float32), attrs, *inputs)
+            return jax.lax.psum(out, k).astype(out_dtype), pre_gelu, bgrad
+
+        return mesh, row_parallel, results, args
+
+    def infer(mesh, arg_shapes, result_shape):
+        return _gemm_shardings(mesh, arg_shapes, result_shape, out_dtype, attrs)[2]
+
+    partitioned = custom_partitioning(functools.partial(_te_gemm, out_dtype, attrs))
+    partitioned.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=_gemm_rule(attrs))
+    return partitioned

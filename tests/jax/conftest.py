@@ -13,3 +13,22 @@ def jax_on_cpu(request):
 
     with jax.default_device(jax.devices("cpu")[0]):
         yield
+
+
+@pytest.fixture
+def run_on_cpu_mesh():
+    """Runs a script in a subprocess with 8 CPU devices (jax fixes the device count when it starts) and asserts that
+    it exits cleanly and prints "ok" last."""
+    import os
+    import subprocess
+    import sys
+
+    def run(script: str) -> None:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu",
+                   PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-4000:]
+        assert out.stdout.strip().endswith("ok")
+
+    return run
