@@ -194,7 +194,14 @@ def _plans(inputs, out_dtype, attrs) -> dict:
 
 
 def _te_gemm(out_dtype, attrs: dict, *inputs):
-    """The te_gemm FFI call on 2-D operands (global or one device's shards) -> (out, pre_gelu, bias_grad)."""
+    """The te_gemm FFI call (on the global operands or one device's shards) -> (out, pre_gelu, bias_grad). An lhs of
+    more than 2 dims is [M..., K] (K last, no backward epilogue): out and pre_gelu come back [M..., N], so that its
+    M dims stay separately sharded (a reshape to [M, N] would gather them)."""
+    lead = inputs[0].shape[:-1] if inputs[0].ndim > 2 else None
+    if lead is not None:
+        inputs = (inputs[0].reshape(-1, inputs[0].shape[-1]), *inputs[1:])
+        out, pre_gelu, bgrad = _te_gemm(out_dtype, attrs, *inputs)
+        return (out.reshape(*lead, -1), pre_gelu.reshape(*lead, -1) if pre_gelu.ndim == 2 else pre_gelu, bgrad)
     plans = _plans(inputs, out_dtype, attrs)
     plan = plans["cuda"]
 
@@ -271,6 +278,8 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
         _plans(inputs, out_dtype, attrs)  # every check at trace time, on the global shapes
     except (ValueError, TypeError, NotImplementedError) as e:
         raise type(e)(f"tej.gemm{where}: {e}") from None
+    if len(L.outer_shape) > 1 and not L.k_first and not grad:  # keep lhs's M dims for the partitioner
+        inputs = (L.data.reshape(*L.outer_shape, -1), *inputs[1:])
     out, pre_gelu, bgrad = _sharded_gemm(out_dtype, tuple(sorted(attrs.items())))(*inputs)
     out = out.reshape(L.outer_shape + R.outer_shape)
     if fuse_gelu:
@@ -287,7 +296,8 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
 #   column parallel rhs sharded along N                          local GEMMs, out sharded along N, no collective
 #   row parallel    lhs and rhs sharded alike along K            local FP32 GEMMs, one psum over the K axes, rounded
 #                                                                once to the output dtype
-# M and N shard together (a 2-D mesh). Row parallel runs only without epilogues (GELU, bias and the bias gradient do
+# M and N shard together (a 2-D mesh); an lhs [M..., K] keeps its M dims, each sharded on its own axes (batch and
+# sequence parallel), except under the backward epilogues (M flattened there). Row parallel runs only without epilogues (GELU, bias and the bias gradient do
 # not compose with a sum of partial products), with both operands K-sharded on the same axes and with plain or FP8
 # per-tensor operands: its psum adds the shards' FP32 partial products in another order than one unsharded GEMM
 # accumulates them, so it equals the unsharded call to FP32 accumulation tolerance, not bit for bit. Any other
@@ -315,7 +325,10 @@ def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict):
     """(K mesh axes, argument shardings, result shardings) of one te_gemm call, from its operands' shardings."""
     lhs, _, rhs, _, bias, gelu_in = arg_shapes
     lhs_m, lhs_k, rhs_k, rhs_n = _dims(attrs)
-    m, k, n = _axes(lhs, lhs_m), _axes(lhs, lhs_k), _axes(rhs, rhs_n)
+    nd = len(lhs.shape)
+    m_dims, lhs_k = ((lhs_m,), lhs_k) if nd == 2 else (tuple(range(nd - 1)), nd - 1)  # [M..., K]: see _te_gemm
+    m_parts = [_axes(lhs, d) for d in m_dims]
+    m, k, n = sum(m_parts, ()), _axes(lhs, lhs_k), _axes(rhs, rhs_n)
     n = tuple(a for a in n if a not in m)
     epilogue = attrs["fuse_bias"] or attrs["fuse_gelu"] or attrs["grad"]
     if epilogue or k != _axes(rhs, rhs_k) or set(k) & set(m + n):
@@ -324,10 +337,14 @@ def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict):
         m = ()  # the bias gradient sums out over M
     if attrs["lhs_scaling"] not in (0, 1) or attrs["rhs_scaling"] not in (0, 1):
         m = n = k = ()  # block scales tile the operands: not split here
+    if not m:
+        m_parts = [() for _ in m_dims]
     sizes = {a: mesh.shape[a] for a in m + n + k}
     local = lambda shape, parts: tuple(d // math.prod(sizes[a] for a in p) for d, p in zip(shape, parts))
-    lhs_parts, rhs_parts = [None, None], [None, None]
-    lhs_parts[lhs_m], lhs_parts[lhs_k], rhs_parts[rhs_k], rhs_parts[rhs_n] = m, k, k, n
+    lhs_parts, rhs_parts = [None] * nd, [None, None]
+    lhs_parts[lhs_k], rhs_parts[rhs_k], rhs_parts[rhs_n] = k, k, n
+    for d, p in zip(m_dims, m_parts):
+        lhs_parts[d] = p
     try:  # local shapes the kernel refuses (alignment, a shard count that does not divide): replicate
         if any(d % math.prod(sizes[a] for a in p) for a_ in (lhs, rhs) for d, p in
                zip(a_.shape, lhs_parts if a_ is lhs else rhs_parts)):
@@ -335,6 +352,8 @@ def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict):
         shrink = lambda a, parts: jax.ShapeDtypeStruct(local(a.shape, parts), a.dtype)
         local_in = list(arg_shapes)
         local_in[0], local_in[2] = shrink(lhs, lhs_parts), shrink(rhs, rhs_parts)
+        if nd > 2:
+            local_in[0] = jax.ShapeDtypeStruct((math.prod(local_in[0].shape[:-1]), local_in[0].shape[-1]), lhs.dtype)
         if bias.shape[0]:
             local_in[4] = shrink(bias, [n])
         if len(gelu_in.shape) == 2:
@@ -342,13 +361,14 @@ def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict):
         _plans(local_in, jnp.dtype(jnp.float32) if k else out_dtype, attrs)
     except (ValueError, TypeError, NotImplementedError):
         m = n = k = ()
-        lhs_parts, rhs_parts = [(), ()], [(), ()]
+        m_parts, lhs_parts, rhs_parts = [() for _ in m_dims], [()] * nd, [(), ()]
     spec = lambda *parts: NamedSharding(mesh, PartitionSpec(*(_entry(p) for p in parts)))
     args = (spec(*lhs_parts), spec(), spec(*rhs_parts), spec(), spec(n) if bias.shape[0] else spec(),
             spec(m, n) if len(gelu_in.shape) == 2 else spec())
     bgrad = n if attrs["fuse_gelu"] else m  # with gelu_input: Σ over M of out [N]; without: Σ over K of lhs [M]
     _, pre_gelu, bias_grad = result_shapes
-    results = (spec(m, n), spec(m, n) if len(pre_gelu.shape) == 2 else spec(),
+    out = spec(*m_parts, n)
+    results = (out, out if len(pre_gelu.shape) > 1 else spec(),
                spec(bgrad) if bias_grad.shape[0] else spec())
     return k, args, results
 
@@ -358,13 +378,20 @@ def _gemm_rule(attrs: dict):
     lhs_m, lhs_k, rhs_k, rhs_n = _dims(attrs)
 
     def rule(mesh, value_types, result_types):
-        lhs, rhs = ["", ""], ["", ""]
-        lhs[lhs_m], lhs[lhs_k], rhs[rhs_k], rhs[rhs_n] = "m", "k", "k", "n"
+        nd = len(value_types[0].shape)
+        rhs = ["", ""]
+        rhs[rhs_k], rhs[rhs_n] = "k", "n"
+        if nd == 2:
+            lhs = ["", ""]
+            lhs[lhs_m], lhs[lhs_k] = "m", "k"
+        else:  # [M..., K]: see _te_gemm
+            lhs = [f"m{d}" for d in range(nd - 1)] + ["k"]
+        out = " ".join(lhs[:-1] + ["n"]) if nd > 2 else "m n"
         bias, gelu_in = value_types[4], value_types[5]
         bgrad = "n" if attrs["fuse_gelu"] else "m"
         terms = [" ".join(lhs), "s0", " ".join(rhs), "s1", "n" if bias.shape[0] else "b",
-                 "m n" if len(gelu_in.shape) == 2 else "g", "m n",
-                 "m n" if len(result_types[1].shape) == 2 else "p",
+                 "m n" if len(gelu_in.shape) == 2 else "g", out,
+                 out if len(result_types[1].shape) > 1 else "p",
                  bgrad if result_types[2].shape[0] else "d"]
         return ", ".join(terms[:6]) + " -> " + ", ".join(terms[6:])
 

@@ -53,7 +53,9 @@ for shape in ((8,), (4, 2)):
         ("column parallel gelu", with_gelu, (x, w), (P(), all_)),
         ("data parallel fp8 current", fp8(cs), (x, w), (rows, P())),
         ("data parallel fp8 delayed", fp8(delayed), (x, w), (rows, P())),
-    ) + ((("data + column parallel", gemm, (x, w), (P("dp"), P(None, "tp"))),) if len(shape) == 2 else ())
+    ) + ((("data + column parallel", gemm, (x, w), (P("dp"), P(None, "tp"))),
+          ("batch and sequence parallel", gemm, (x, w), (P("dp", "tp"), P())),
+          ("batch and sequence parallel gelu", with_gelu, (x, w), (P("dp", "tp"), P()))) if len(shape) == 2 else ())
     for name, f, args, specs in exact:
         got, want, text = run(mesh, f, args, specs)
         assert leaves(got) == leaves(want), (name, shape)
