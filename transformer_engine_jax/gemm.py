@@ -290,19 +290,19 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
 
 
 # ---- sharding ----------------------------------------------------------------------------------------------------
-# Under jax.jit with NamedSharding the te_gemm call is partitioned by the shardings of its 2-D operands (M from lhs, N
+# Under jax.jit with NamedSharding the te_gemm call is partitioned by the shardings of its operands (M from lhs, N
 # and K from rhs and lhs), with exactly the collectives a shard_map would need:
 #   data parallel   lhs sharded along M, rhs replicated          local GEMMs, out sharded along M, no collective
 #   column parallel rhs sharded along N                          local GEMMs, out sharded along N, no collective
-#   row parallel    lhs and rhs sharded alike along K            local FP32 GEMMs, one psum over the K axes, rounded
-#                                                                once to the output dtype
+#   row parallel    lhs and rhs sharded alike along K            local FP32 GEMMs, one psum over the K axes, bias
+#                                                                added once after it, rounded once to out's dtype
 # M and N shard together (a 2-D mesh); an lhs [M..., K] keeps its M dims, each sharded on its own axes (batch and
-# sequence parallel), except under the backward epilogues (M flattened there). Row parallel runs only without epilogues (GELU, bias and the bias gradient do
-# not compose with a sum of partial products), with both operands K-sharded on the same axes and with plain or FP8
-# per-tensor operands: its psum adds the shards' FP32 partial products in another order than one unsharded GEMM
-# accumulates them, so it equals the unsharded call to FP32 accumulation tolerance, not bit for bit. Any other
-# sharding is resharded by XLA to the nearest of these (K replicated at worst; FP8 block scales and local dims the
-# core's planner refuses: everything replicated), so the result is always the unsharded call's.
+# sequence parallel), except under the backward epilogues (M flattened there). Row parallel needs both operands
+# K-sharded on the same axes, plain or FP8 per-tensor operands and no GELU or backward epilogue (they do not compose
+# with a sum of partial products). Its psum adds the shards' FP32 partial products in another order than one
+# unsharded GEMM accumulates them, so it equals the unsharded call to FP32 accumulation tolerance, not bit for bit.
+# Any other sharding is resharded by XLA to the nearest of these (K replicated at worst; FP8 block scales and local
+# shapes the core's planner refuses: everything replicated), so the result is always the unsharded call's.
 
 
 def _dims(attrs: dict) -> tuple:
@@ -330,8 +330,7 @@ def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict):
     m_parts = [_axes(lhs, d) for d in m_dims]
     m, k, n = sum(m_parts, ()), _axes(lhs, lhs_k), _axes(rhs, rhs_n)
     n = tuple(a for a in n if a not in m)
-    epilogue = attrs["fuse_bias"] or attrs["fuse_gelu"] or attrs["grad"]
-    if epilogue or k != _axes(rhs, rhs_k) or set(k) & set(m + n):
+    if attrs["fuse_gelu"] or attrs["grad"] or k != _axes(rhs, rhs_k) or set(k) & set(m + n):
         k = ()
     if attrs["grad"] and attrs["fuse_gelu"] and attrs["fuse_bias"]:
         m = ()  # the bias gradient sums out over M
@@ -358,7 +357,9 @@ def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict):
             local_in[4] = shrink(bias, [n])
         if len(gelu_in.shape) == 2:
             local_in[5] = shrink(gelu_in, [m, n])
-        _plans(local_in, jnp.dtype(jnp.float32) if k else out_dtype, attrs)
+        if k:  # the row-parallel call: no bias, FP32 out
+            local_in[4] = jax.ShapeDtypeStruct((0,), jnp.float32)
+        _plans(local_in, jnp.dtype(jnp.float32) if k else out_dtype, _partial(attrs) if k else attrs)
     except (ValueError, TypeError, NotImplementedError):
         m = n = k = ()
         m_parts, lhs_parts, rhs_parts = [() for _ in m_dims], [()] * nd, [(), ()]
@@ -371,6 +372,11 @@ def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict):
     results = (out, out if len(pre_gelu.shape) > 1 else spec(),
                spec(bgrad) if bias_grad.shape[0] else spec())
     return k, args, results
+
+
+def _partial(attrs: dict) -> dict:
+    """A row-parallel shard's attributes: its bias is added after the psum."""
+    return dict(attrs, fuse_bias=False)
 
 
 def _gemm_rule(attrs: dict):
@@ -409,9 +415,14 @@ def _sharded_gemm(out_dtype, attr_items: tuple):
         if not k:
             return mesh, functools.partial(_te_gemm, out_dtype, attrs), results, args
 
-        def row_parallel(*inputs):  # partial FP32 products, summed over the K shards, rounded once
-            out, pre_gelu, bgrad = _te_gemm(jnp.dtype(jnp.float32), attrs, *inputs)
-            return jax.lax.psum(out, k).astype(out_dtype), pre_gelu, bgrad
+        def row_parallel(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
+            # partial FP32 products, summed over the K shards, the bias added once, rounded once
+            out, pre_gelu, bgrad = _te_gemm(jnp.dtype(jnp.float32), _partial(attrs), lhs, lhs_scale_inv, rhs,
+                                            rhs_scale_inv, jnp.zeros((0,), jnp.float32), gelu_in)
+            out = jax.lax.psum(out, k)
+            if bias.shape[0]:
+                out = out + bias.astype(jnp.float32)
+            return out.astype(out_dtype), pre_gelu, bgrad
 
         return mesh, row_parallel, results, args
 
