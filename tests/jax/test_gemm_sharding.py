@@ -2,8 +2,10 @@
 (lhs sharded along its rows) and column-parallel (rhs sharded along N) calls give the unsharded call's bytes with no
 collective; row-parallel (both operands sharded along K) adds FP32 partial products with exactly one all-reduce and no
 all-gather (a bias added once after it), so it equals the unsharded call to FP32 accumulation tolerance (another
-addition order), not bit for bit; GELU, which does not compose with K shards, falls back and is still right. Runs in
-a subprocess: the device count is fixed when jax starts."""
+addition order), not bit for bit; GELU, which does not compose with K shards, falls back and is still right. FP8
+per tensor (current, delayed) data parallel and row parallel; grad of tej.dense with data-parallel x and with a
+column-parallel kernel (its dgrad / wgrad become row-parallel GEMMs). Runs in a subprocess: the device count is fixed
+when jax starts."""
 import pytest
 
 pytest.importorskip("jax")
@@ -22,6 +24,7 @@ collectives = lambda text, op: len(re.findall(r"= [^=]*? " + op + r"(-start)?\("
 x, w, wt = normal(0, (16, 8, 64)), normal(1, (64, 32)), normal(2, (32, 64))
 x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)
 bias = normal(3, (32,))
+xk, wk = normal(4, (16, 8, 128)), normal(5, (128, 32))    # local K = 16 on 8 shards: FP8's alignment
 cs = tej.QuantizerFactory.create(scaling_mode=SM.CURRENT_TENSOR_SCALING)
 delayed = dataclasses.replace(tej.QuantizerFactory.create(scaling_mode=SM.DELAYED_TENSOR_SCALING, amax_history_len=2),
                               scale=jnp.array([0.375], jnp.float32), amax_history=jnp.array([5.0, 1.0], jnp.float32))
@@ -67,16 +70,22 @@ for shape in ((8,), (4, 2)):
     k_sharded = (P(None, None, axes), P(axes, None))
     for name, f, args, tol, b in (("row parallel fp32", gemm, (x32, w32), 1e-5, 0),
                                   ("row parallel bf16", gemm, (x, w), 2 ** -7, 0),
-                                  ("row parallel bias", with_bias, (x, w), 2 ** -7, bias)):
+                                  ("row parallel bias", with_bias, (x, w), 2 ** -7, bias),
+                                  ("row parallel fp8 current", fp8(cs), (xk, wk), 2 ** -7, 0)):
         got, want, text = run(mesh, f, args, k_sharded)
+        gathered, reductions = re.findall(r"\[(\d+(?:,\d+)*)\]\S* all-gather", text), 1
+        if "fp8" in name:  # against the product of the dequantized operands. tej.quantize is not partitioned along
+            # x's last dim (sharding.py), so it gathers x; the kernel is quantized per shard, its amax pmaxed
+            args = (tej.quantize(args[0], cs).dequantize(), tej.quantize(args[1], cs).dequantize())
+            gathered, reductions = [g for g in gathered if g != "16,8,128"], 2
         ref = np.einsum("bsk,kn->bsn", *(np.asarray(a, np.float64) for a in args)) + np.asarray(b, np.float64)
         got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
         scale = np.abs(ref).max()
         assert np.abs(got - want).max() <= tol * scale, (name, shape, np.abs(got - want).max())
         assert np.abs(got - ref).max() <= tol * scale, (name, shape)
         assert not np.abs(-got - ref).max() <= tol * scale, name  # the check can fail
-        assert collectives(text, "all-reduce") + collectives(text, "reduce-scatter") == 1, (name, shape, text)
-        assert "all-gather" not in text, (name, shape)
+        assert collectives(text, "all-reduce") + collectives(text, "reduce-scatter") == reductions, (name, shape)
+        assert not gathered and ("fp8" in name or "all-gather" not in text), (name, shape)
 
     # GELU does not compose with a sum over K shards: resharded, still the unsharded bytes
     got, want, _ = run(mesh, with_gelu, (x, w), k_sharded)
@@ -88,6 +97,14 @@ for shape in ((8,), (4, 2)):
     assert leaves(dx) == leaves(dx0), shape
     dw, dw0 = np.asarray(dw, np.float64), np.asarray(dw0, np.float64)
     assert np.abs(dw - dw0).max() <= 2 ** -7 * np.abs(dw0).max(), shape
+    assert "all-gather" not in text, shape
+
+    # grad of tej.dense, column-parallel kernel: wgrad is column parallel (bytes), dgrad (dy·kernelᵀ, contracted over
+    # the sharded N) row parallel: FP32 accumulation tolerance
+    (dx, dw), (dx0, dw0), text = run(mesh, dense_grad, (x, w), (P(), all_))
+    assert leaves(dw) == leaves(dw0), shape
+    dx, dx0 = np.asarray(dx, np.float64), np.asarray(dx0, np.float64)
+    assert np.abs(dx - dx0).max() <= 2 ** -7 * np.abs(dx0).max(), shape
     assert "all-gather" not in text, shape
 print("ok")
 """
