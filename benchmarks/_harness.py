@@ -1,14 +1,16 @@
 """The one benchmark harness (issue 24 item 4): timers, the copy-bandwidth ceiling, allocator poisoning, and the
 report (terminal table, targets, JSON, Markdown and PNG plots under benchmarks/results/<gpu>/).
 
-Shared by bench_activations.py, bench_gemm.py and bench_mlp.py (and the coming JAX and collective benchmarks).
+Shared by bench_activations.py, bench_gemm.py, bench_mlp.py and bench_jax.py (and the coming collective benchmark).
 Every number a benchmark prints comes from one of these timers:
   Timer.gpu_us   median GPU time per call: triton.testing.do_bench (it flushes L2 between calls), or CUDA events
                  with a write of a buffer larger than L2 before each timed call;
   Timer.e2e_us   a host loop of N calls, then one synchronize, per call (what a launch-bound op costs a model);
   step_ms        CUDA events around each training step, median (the MLP benchmark);
   interleaved    A, B, A, B ... on the same inputs, L2 flushed before each call, with the ratio of each pair
-                 (two ops timed minutes apart see different clocks and temperatures; a pair one call apart does not).
+                 (two ops timed minutes apart see different clocks and temperatures; a pair one call apart does not);
+  interleaved_stream  rounds of N back-to-back calls and one wait, alternating between the contenders (a jitted
+                 JAX call, which CUDA events on torch's stream cannot bracket; bench_jax.py).
 On the CPU (`--cpu-smoke`) the same calls use time.perf_counter so that every script runs end to end without a GPU;
 those numbers measure nothing and the report says so.
 
@@ -245,6 +247,33 @@ def interleaved(fns, pairs, warmup=3, device="cuda", flush=True, sleep_cycles=0)
     if cuda:
         return {n: [1000.0 * s.elapsed_time(e) for s, e in marks[n]] for n in names}
     return {n: [1e6 * t for t in marks[n]] for n in names}
+
+
+def stream_us(call, wait, iters):
+    """Wall time per call of `iters` back-to-back calls and one `wait(last output)`: the GPU time per call when the
+    host enqueues faster than the GPU runs (large calls), the host's cost per call when it does not (small ones)."""
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(iters):
+        out = call()
+    wait(out)
+    return 1e6 * (time.perf_counter() - t0) / iters
+
+
+def interleaved_stream(fns, rounds, iters):
+    """stream_us of each of `fns` ({name: (call, wait)}), round by round, the order alternating per round (as
+    interleaved() does), after one warm call each. Returns {name: [us per call, one per round]}: entry i of two names
+    was timed one round apart (pair_ratios applies). For frameworks whose calls torch's CUDA events cannot bracket
+    (a jitted JAX program runs on XLA's own stream)."""
+    names = list(fns)
+    for n in names:
+        call, wait = fns[n]
+        wait(call())
+    times = {n: [] for n in names}
+    for r in range(rounds):
+        for n in (names if r % 2 == 0 else names[::-1]):
+            times[n].append(stream_us(*fns[n], iters))
+    return times
 
 
 def spread(values):

@@ -174,36 +174,8 @@ def peer_agreement(ours, peer, fmt, dq_ours, dq_peer):
     return share
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Timing: rounds of N back-to-back calls, then one wait; the three contenders interleaved round by round
-# ----------------------------------------------------------------------------------------------------------
-def stream_us(call, wait, iters):
-    t0 = time.perf_counter()
-    out = None
-    for _ in range(iters):
-        out = call()
-    wait(out)
-    return 1e6 * (time.perf_counter() - t0) / iters
-
-
-def interleaved_stream(fns, rounds, iters):
-    """{name: [us per call, one per round]}; fns: {name: (call, wait)}; warm first, order alternates per round."""
-    names = list(fns)
-    for n in names:
-        call, wait = fns[n]
-        wait(call())
-    times = {n: [] for n in names}
-    for r in range(rounds):
-        for n in (names if r % 2 == 0 else names[::-1]):
-            times[n].append(stream_us(*fns[n], iters))
-    return times
-
-
-def jax_wait(jax):
-    return lambda out: jax.block_until_ready(out)
-
-
 def torch_wait(device):
+    """The wait of a torch call for H.interleaved_stream: synchronize the device (the output is not needed)."""
     return lambda out: H.synchronize(device)
 
 
@@ -250,13 +222,13 @@ def run_case(ctx, op, fmt, size):
     row["valid"] = True
     del got, want
     H.log(f"ok    {name}  (tej == tex bit for bit; jnp peer equal data bytes {100 * row['peer_equal_bytes']:.2f} %)")
-    jw, tw = jax_wait(jax), torch_wait(device)
-    times = interleaved_stream({"ours": (lambda: ours(*arrays, q), jw), "xla": (lambda: peer(*peer_args), jw),
+    jw, tw = jax.block_until_ready, torch_wait(device)
+    times = H.interleaved_stream({"ours": (lambda: ours(*arrays, q), jw), "xla": (lambda: peer(*peer_args), jw),
                                 "tex": (lambda: theirs(*tensors), tw)}, ctx["rounds"], ctx["iters"])
     for n in times:
         row[f"{n}_us"] = statistics.median(times[n])
-    row["xla_over_ours"] = statistics.median(x / o for o, x in zip(times["ours"], times["xla"]))
-    row["ours_over_tex"] = statistics.median(o / t for o, t in zip(times["ours"], times["tex"]))
+    row["xla_over_ours"] = statistics.median(H.pair_ratios(times, "ours", "xla"))
+    row["ours_over_tex"] = statistics.median(H.pair_ratios(times, "tex", "ours"))
     row["ours_over_floor"] = row["ours_us"] / row["floor_us"]
     return row
 
@@ -276,7 +248,8 @@ def small_call(ctx, size):
         f = ours_fn(jax, tej, "gelu", fmt)
         t_amax = torch.zeros(1, device=xt.device)
         g = tex_fn(tex, "gelu", fmt, tex_quantizer(tex, fmt, torch.ones(1, device=xt.device), t_amax), t_amax)
-        t = interleaved_stream({"ours": (lambda: f(x, q), jax_wait(jax)), "tex": (lambda: g(xt), torch_wait(device))},
+        t = H.interleaved_stream({"ours": (lambda: f(x, q), jax.block_until_ready),
+                                  "tex": (lambda: g(xt), torch_wait(device))},
                                ctx["rounds"], ctx["e2e_iters"])
         out.append({"case": f"gelu {fmt} {size[0]}x{size[1]} (wall per call)", "ours_us": statistics.median(t["ours"]),
                     "tex_us": statistics.median(t["tex"]), "valid": True})
