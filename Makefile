@@ -5,6 +5,7 @@ PYTHON ?= python3
 
 install:
 	$(PYTHON) -m pip install -q -r requirements.txt
+	bash tools/fetch_cutlass.sh
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
 
 demo: install
@@ -24,7 +25,7 @@ gpu-check:
 # PNG plots. QUICK=1: a short run (--quick). All four run even if one fails; the exit status says whether any did.
 BENCH_ARGS ?= $(if $(QUICK),--quick,)
 bench:
-	@rc=0; for b in activations gemm mlp jax; do $(PYTHON) benchmarks/bench_$$b.py $(BENCH_ARGS) || rc=1; done; exit $$rc
+	@rc=0; for b in activations gemm mlp jax jax_gemm; do $(PYTHON) benchmarks/bench_$$b.py $(BENCH_ARGS) || rc=1; done; exit $$rc
 
 # Without a GPU: tiny shapes on the CPU through the same code (validation, JSON, plots); results/cpu/ is ignored.
 bench-smoke:

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The benchmarks in one call on the GPU machine (issue 19 item 6): build in place when the extension is missing or
-# was built from other sources, run bench_activations, bench_gemm, bench_mlp and bench_jax (each writes
-# benchmarks/results/<gpu>/), and copy to $OUT (or ./gpu_out), flat, at most six files:
+# was built from other sources, run bench_activations, bench_gemm, bench_mlp, bench_jax and bench_jax_gemm (each
+# writes benchmarks/results/<gpu>/), and copy to $OUT (or ./gpu_out), flat:
 #   results-<gpu>.tar.gz   benchmarks/results/<gpu>/ (JSON, Markdown tables, PNG plots), repacked after every step
 #                          so a run cut short still returns what it finished; unpack with
 #                          tar -xzf results-<gpu>.tar.gz -C benchmarks/results
-#   bench_activations.log, bench_gemm.log, bench_mlp.log   each benchmark's full output
+#   bench_<name>.log       each benchmark's full output
 #   build.log              when it built
 #   summary.txt            device, wall time and exit status per step, targets and summary lines
-# Usage: tools/gpu_bench.sh [build] [act] [gemm] [mlp] [jax]   (default: all five; build is skipped when up to date)
+# Usage: tools/gpu_bench.sh [build] [act] [gemm] [mlp] [jax] [jax_gemm]   (default: all six; build is skipped when
+#        up to date)
 #        QUICK=1 tools/gpu_bench.sh                      passes --quick to every benchmark
 #        BENCH_ARGS=... tools/gpu_bench.sh               more arguments for every benchmark (--cpu-smoke to try the
 #                                                        script on a machine without a GPU)
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-steps=${*:-build act gemm mlp jax}
+steps=${*:-build act gemm mlp jax jax_gemm}
 flags="${QUICK:+--quick} ${BENCH_ARGS:-}"
 gpu=$(python3 -c 'import sys; sys.path.insert(0, "benchmarks"); import _harness; print(_harness.gpu_slug())')
 rc=0
@@ -43,14 +44,14 @@ for step in $steps; do
         python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
       mkdir -p build && src_hash >build/.te_src_hash
       r=0 ;;
-    act|gemm|mlp|jax)
+    act|gemm|mlp|jax|jax_gemm)
       name=$([ "$step" = act ] && echo activations || echo "$step")
       python3 "benchmarks/bench_$name.py" $flags >"$OUT/bench_$name.log" 2>&1
       r=$?
       grep -E "^  (MET|NOT MET|NOT MEASURED) |^Summary|^VALIDATION|^FAILED" "$OUT/bench_$name.log" |
         tee -a "$OUT/summary.txt"
       pack ;;
-    *) note "unknown step $step (build, act, gemm, mlp, jax)"; r=2 ;;
+    *) note "unknown step $step (build, act, gemm, mlp, jax, jax_gemm)"; r=2 ;;
   esac
   [ "$r" -ne 0 ] && rc=1
   note "$(printf '%-6s %7.1f s  exit %d' "$step" "$(( $(now_ms) - t0 ))e-3" "$r")"
