@@ -13,3 +13,11 @@ from .recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, F
                      update_quantizer_set)
 from .dense import dense
 from .mlp import mlp
+
+
+def __getattr__(name):
+    """`tej.flax` (Flax NNX modules) loads on first access: the package itself imports without flax."""
+    if name == "flax":
+        import importlib
+        return importlib.import_module(".flax", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
