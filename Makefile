@@ -5,6 +5,7 @@ PYTHON ?= python3
 
 install:
 	$(PYTHON) -m pip install -q -r requirements.txt
+	bash tools/fetch_cutlass.sh
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
 
 demo: install

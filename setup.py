@@ -5,6 +5,10 @@ otherwise a CPU-only CppExtension with every op on CPU. One arch by default: TOR
 it is unset (no GPU is queried). FMA contraction is off on host and device so CPU and CUDA round alike.
 TE_DEBUG=1 builds with -O0 -g. MAX_JOBS defaults to the core count.
 
+The grouped GEMM's tensor-core kernels (csrc/core/gemm/cutlass) need the CUTLASS 3.x headers: TE_CUTLASS_INCLUDE, or
+third_party/cutlass_include (`make install` fetches it: tools/fetch_cutlass.sh). They need sm_90a, so a 9.0 in the arch
+list becomes 9.0a. Without the headers the grouped GEMM runs its portable CUDA kernel instead (slow, same rules).
+
 The kernel core (csrc/core) is compiled once: _C links it with the torch bridge (csrc/torch), _ffi links the same
 objects with the XLA FFI handlers (csrc/jax; headers from the installed jaxlib's jax.ffi.include_dir(), pybind11
 for the module) and links no torch library. TE_NO_JAX=1 skips _ffi.
@@ -37,16 +41,35 @@ core_srcs = sources("csrc/core/**/*.cpp")
 torch_srcs = sources("csrc/torch/*.cpp")
 os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
 
+
+def cutlass_include():
+    for d in (os.environ.get("TE_CUTLASS_INCLUDE", ""), os.path.join(HERE, "third_party", "cutlass_include")):
+        if d and os.path.isfile(os.path.join(d, "cutlass", "gemm", "group_array_problem_shape.hpp")):
+            return d
+    return None
+
 if with_cuda():
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    cutlass = cutlass_include()
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0").replace(";", " ").split()
+    if cutlass is not None:
+        archs = ["9.0a" if a == "9.0" else a for a in archs]  # wgmma: the Hopper-specific target
+    os.environ["TORCH_CUDA_ARCH_LIST"] = " ".join(archs)
     nvcc_flags = opt + [
         "-fmad=false",
         "-Xcompiler=-ffp-contract=off",
         "-DTE_WITH_CUDA",
         "--expt-relaxed-constexpr",
         "-lineinfo",
+        "-DNDEBUG",  # device asserts are calls, which serialize CUTLASS's wgmma pipeline
     ]
-    core_srcs += sources("csrc/core/**/*.cu")
+    cu_srcs = sources("csrc/core/**/*.cu")
+    if cutlass is not None:
+        nvcc_flags += ["-DTE_WITH_CUTLASS", "-isystem", cutlass]
+    else:
+        print("transformer_engine_torch: no CUTLASS headers (tools/fetch_cutlass.sh); the grouped GEMM uses its "
+              "portable CUDA kernel")
+        cu_srcs = [f for f in cu_srcs if os.sep + "cutlass" + os.sep not in f]
+    core_srcs += cu_srcs
     ext = cpp_extension.CUDAExtension(
         "transformer_engine_torch._C",
         core_srcs + torch_srcs,

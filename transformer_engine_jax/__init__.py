@@ -8,6 +8,7 @@ from .activation import activation
 from .cpp_extensions import act_lu, dact_lu, quantize, quantize_dact_dbias, quantize_dbias
 from .dequantize import dequantize
 from .gemm import gemm
+from .grouped_gemm import grouped_gemm
 from .recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,
                      NVFP4BlockScaling, QuantizerSet, autocast, get_autocast_recipe, make_quantizer_set,
                      update_quantizer_set)

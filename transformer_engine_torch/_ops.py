@@ -165,3 +165,11 @@ def _fp8_transpose_into_fake(x, out):
 def _gemm_fake(A, A_scale_inv, A_dtype, transA, B, B_scale_inv, B_dtype, transB, D, D_dtype, *rest, **kw):
     _one_device("gemm", A, A_scale_inv, B, B_scale_inv, D, *rest, *kw.values())
     return None  # writes into D and the optional epilogue buffers only
+
+
+@torch.library.register_fake("te::grouped_gemm")
+def _grouped_gemm_fake(lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv, lhs_dtype, rhs_dtype, rhs_kn, out_dtype):
+    _one_device("grouped_gemm", lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv)
+    from .dtypes import to_torch_dtype
+    n = rhs.shape[2] if rhs_kn else rhs.shape[1]
+    return lhs.new_empty((lhs.shape[0], n), dtype=to_torch_dtype(out_dtype))

@@ -424,6 +424,88 @@ def general_grouped_gemm(A, B, out, quantization_params, out_dtype, layout="TN",
     return out, bias, gelu_in
 
 
+_GROUPED = torch.ops.te.grouped_gemm.default
+_FP8_TORCH = {torch.float8_e4m3fn: int(DType.kFloat8E4M3), torch.float8_e5m2: int(DType.kFloat8E5M2)}
+
+
+def _grouped_operand(name, x, scale_inv, quantizer):
+    """(codes or values, scale_inv or None, DType code) of one grouped-GEMM operand given as a plain tensor, FP8 codes
+    with their scale_inv, a rowwise Float8Tensor, or a plain tensor and a per-tensor FP8 quantizer."""
+    if quantizer is not None:
+        if scale_inv is not None or isinstance(x, QuantizedTensor):
+            raise ValueError(f"grouped_gemm: {name}_quantizer quantizes a plain {name}; got {_describe(x)} "
+                             f"{'with a scale_inv' if scale_inv is not None else ''}")
+        x = quantize(x, quantizer)
+    if isinstance(x, Float8Tensor):
+        if x._data is None:
+            raise ValueError(f"grouped_gemm: {name} ({_describe(x)}) needs its rowwise copy; quantize it with "
+                             f"rowwise=True")
+        return x._data, x._scale_inv, int(x._fp8_dtype)
+    if isinstance(x, QuantizedTensor):
+        raise NotImplementedError(f"grouped_gemm: not yet supported: {type(x).__name__} operand {name} "
+                                  f"({_describe(x)}); supported: bf16/fp16/fp32 tensors and per-tensor FP8")
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"grouped_gemm: {name} must be a torch.Tensor or a Float8Tensor, got {type(x).__name__}")
+    if x.dtype in _FP8_TORCH:
+        if scale_inv is None:
+            raise ValueError(f"grouped_gemm: FP8 {name} {list(x.shape)} {x.dtype} needs {name}_scale_inv")
+        return x, scale_inv, _FP8_TORCH[x.dtype]
+    if scale_inv is not None:
+        raise ValueError(f"grouped_gemm: {name}_scale_inv is for FP8 operands, but {name} is {x.dtype}")
+    return x, None, _PLAIN_CODES.get(x.dtype, -1)
+
+
+def _grouped_weights(w, w_scale_inv, w_quantizer):
+    """rhs codes/values [G, ...], its per-group scale_inv [G] or None, DType code. A list of per-group weights (or
+    Float8Tensors) is stacked; a w_quantizer quantizes each group on its own, so each gets its own scale."""
+    if w_quantizer is not None:
+        if w_scale_inv is not None or not isinstance(w, torch.Tensor) or isinstance(w, QuantizedTensor):
+            raise ValueError("grouped_gemm: w_quantizer quantizes a plain [G, ...] weight tensor")
+        w = [quantize(w[g], w_quantizer) for g in range(w.shape[0])]
+    if isinstance(w, (list, tuple)):
+        parts = [_grouped_operand("w", wg, None, None) for wg in w]
+        if not parts:
+            raise ValueError("grouped_gemm: w is an empty list; give one weight per group")
+        codes = {p[2] for p in parts}
+        if len(codes) != 1:
+            raise TypeError("grouped_gemm: the per-group weights must share one dtype")
+        data = torch.stack([p[0] for p in parts])
+        scales = torch.cat([p[1].reshape(1) for p in parts]) if parts[0][1] is not None else None
+        return data, scales, parts[0][2]
+    return _grouped_operand("w", w, w_scale_inv, None)
+
+
+def grouped_gemm(x, w, group_sizes=None, *, offsets=None, w_layout="NK", x_scale_inv=None, w_scale_inv=None,
+                 x_quantizer=None, w_quantizer=None, out_dtype=None):
+    """Grouped GEMM for mixture-of-experts with the group sizes on the device: no host sync, CUDA-graph safe.
+
+    x [M_total, K] (rows grouped by expert, in order) · w[g] for each group g → out [M_total, N]. w is [G, N, K]
+    (`w_layout="NK"`, the layout of Linear weights: out = x·w[g]ᵀ) or [G, K, N] ("KN"). Give the group sizes
+    (`group_sizes`, int32/int64 [G]) or the cumulative row ends (`offsets`, [G], as torch._grouped_mm takes). Rows past
+    the sizes' sum come out as zeros; negative sizes count as 0; sizes summing past M_total are cut there.
+
+    FP8 (per-tensor scaling): x as a Float8Tensor, FP8 codes with `x_scale_inv` [1], or a plain tensor and
+    `x_quantizer`; w as FP8 codes [G, N, K] with `w_scale_inv` [G], a list of G Float8Tensors, or a plain tensor and
+    `w_quantizer` (each group quantized on its own). E5M2 x E5M2 is refused, and FP8 w must be "NK" (FP8 tensor
+    cores are TN). The output is x's dtype (bf16 for FP8) unless `out_dtype` says otherwise."""
+    if w_layout not in ("NK", "KN"):
+        raise ValueError(f"grouped_gemm: w_layout must be 'NK' ([G, N, K]) or 'KN' ([G, K, N]), got {w_layout!r}")
+    if (group_sizes is None) == (offsets is None):
+        raise ValueError("grouped_gemm: give exactly one of group_sizes and offsets")
+    lhs, lhs_s, lhs_code = _grouped_operand("x", x, x_scale_inv, x_quantizer)
+    rhs, rhs_s, rhs_code = _grouped_weights(w, w_scale_inv, w_quantizer)
+    sizes = group_sizes if offsets is None else torch.diff(offsets, prepend=offsets.new_zeros(1))
+    if not isinstance(sizes, torch.Tensor) or sizes.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"grouped_gemm: {'group_sizes' if offsets is None else 'offsets'} must be an int32 or int64 "
+                        f"tensor on x's device, got {type(sizes).__name__ if not isinstance(sizes, torch.Tensor) else sizes.dtype}")
+    sizes = sizes.to(torch.int32).contiguous()
+    if out_dtype is None:
+        out_dtype = x.dtype if isinstance(x, torch.Tensor) and x.dtype in _PLAIN_CODES and not \
+            isinstance(x, QuantizedTensor) else torch.bfloat16
+    out_code = int(as_dtype(out_dtype, "grouped_gemm out_dtype"))
+    return call(_GROUPED, (lhs, rhs, sizes, lhs_s, rhs_s, lhs_code, rhs_code, w_layout == "KN", out_code))
+
+
 def get_cublasLt_version() -> int:
     """cuBLASLt version of the loaded library (0 in a CPU-only build)."""
     return _device.cublaslt_version()
@@ -434,5 +516,5 @@ def get_num_cublas_streams() -> int:
     return 1
 
 
-__all__ = ["generic_gemm", "general_gemm", "te_general_grouped_gemm", "general_grouped_gemm",
+__all__ = ["generic_gemm", "general_gemm", "te_general_grouped_gemm", "general_grouped_gemm", "grouped_gemm",
            "get_cublasLt_version", "get_num_cublas_streams"]

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "gemm.h"
+#include "grouped_gemm.h"
 #include "quantizer_attrs.h"
 
 #define TE_JAX_DECLARE(name)                                  \
@@ -21,6 +22,7 @@ TE_JAX_DECLARE(TeActLu)
 TE_JAX_DECLARE(TeDactLuDbiasQuantize)
 TE_JAX_DECLARE(TeQuantize)
 TE_JAX_DECLARE(TeGemm)
+TE_JAX_DECLARE(TeGroupedGemm)
 
 namespace py = pybind11;
 
@@ -38,6 +40,7 @@ py::dict cpu_targets() {
   d["te_dact_lu_dbias_quantize"] = capsule(TeDactLuDbiasQuantizeCpu);
   d["te_quantize"] = capsule(TeQuantizeCpu);
   d["te_gemm"] = capsule(TeGemmCpu);
+  d["te_grouped_gemm"] = capsule(TeGroupedGemmCpu);
   return d;
 }
 
@@ -54,6 +57,7 @@ py::dict cuda_targets() {
   d["te_dact_lu_dbias_quantize"] = stages(TeDactLuDbiasQuantizeCuda, TeDactLuDbiasQuantizeCudaInit);
   d["te_quantize"] = stages(TeQuantizeCuda, TeQuantizeCudaInit);
   d["te_gemm"] = stages(TeGemmCuda, TeGemmCudaInit);
+  d["te_grouped_gemm"] = stages(TeGroupedGemmCuda, TeGroupedGemmCudaInit);
 #endif
   return d;
 }
@@ -102,24 +106,37 @@ py::dict plan_act(const std::string& op, int64_t act, bool backward, bool with_d
   return d;
 }
 
+// (shape, dtype code) pairs of a planner's inputs as the core's views (no data).
+std::vector<te::ops::TensorView> plan_views(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& inputs,
+                                            size_t n, const char* op, const char* rule) {
+  if (inputs.size() != n) {
+    te::fail(te::ErrorKind::kValue, std::string(op) + ": " + rule + ", got " + std::to_string(inputs.size()));
+  }
+  std::vector<te::ops::TensorView> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i].shape = shape_of(inputs[i].first, op);
+    v[i].dtype = te::DType(inputs[i].second);
+  }
+  return v;
+}
+
+// The context a trace-time plan is made for: the device kind only.
+te::ops::ExecCtx plan_ctx(bool cuda) {
+  te::ops::ExecCtx ctx = cpu_ctx();
+  ctx.cuda = cuda;
+  ctx.arch = cuda ? "cuda" : "cpu";
+  return ctx;
+}
+
 // The plan of one te_gemm call (gemm.h) as plain Python data: {"out": (shape, dtype code), "pre_gelu_out" and
 // "bias_grad": (present, shape, dtype code), "workspace_bytes": n}. `inputs`: (shape, dtype code) of lhs,
 // lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_input in the handler's argument order.
 py::dict plan_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& inputs, int64_t out_dtype,
                    const GemmAttrs& attrs, bool cuda) {
-  if (inputs.size() != 6) {
-    te::fail(te::ErrorKind::kValue, std::string(kGemmOp) + ": plan_gemm takes 6 inputs (lhs, lhs_scale_inv, rhs, "
-                                                            "rhs_scale_inv, bias, gelu_input), got " +
-                                        std::to_string(inputs.size()));
-  }
-  te::ops::TensorView v[6];
-  for (int i = 0; i < 6; ++i) {
-    v[i].shape = shape_of(inputs[size_t(i)].first, kGemmOp);
-    v[i].dtype = te::DType(inputs[size_t(i)].second);
-  }
-  te::ops::ExecCtx ctx = cpu_ctx();
-  ctx.cuda = cuda;
-  ctx.arch = cuda ? "cuda" : "cpu";
+  const std::vector<te::ops::TensorView> v =
+      plan_views(inputs, 6, kGemmOp, "plan_gemm takes 6 inputs (lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, "
+                                     "gelu_input)");
+  const te::ops::ExecCtx ctx = plan_ctx(cuda);
   const te::ops::GemmRequest r = gemm_request({v[0], v[1], v[2], v[3], v[4], v[5]}, attrs, te::DType(out_dtype));
   const te::ops::GemmPlan plan = te::ops::plan_gemm(r, ctx, gemm_plan_options(true));
   const auto dims = [](const te::ops::Shape& s) { return std::vector<int64_t>(s.dims, s.dims + s.ndim); };
@@ -129,6 +146,24 @@ py::dict plan_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& 
   d["bias_grad"] = py::make_tuple(plan.has_bias_grad, std::vector<int64_t>{plan.bias_grad_len},
                                   int(plan.bias_grad_dtype));
   d["workspace_bytes"] = plan.workspace_bytes;
+  return d;
+}
+
+// The plan of one te_grouped_gemm call (grouped_gemm.h): {"out": (shape, dtype code), "workspace_bytes": n,
+// "kernel": what runs it}. `inputs`: (shape, dtype code) of lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv.
+py::dict plan_grouped_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& inputs, bool rhs_kn,
+                           int64_t out_dtype, bool cuda) {
+  const std::vector<te::ops::TensorView> v =
+      plan_views(inputs, 5, kGroupedGemmOp, "plan_grouped_gemm takes 5 inputs (lhs, rhs, group_sizes, "
+                                            "lhs_scale_inv, rhs_scale_inv)");
+  const te::ops::ExecCtx ctx = plan_ctx(cuda);
+  const te::ops::GroupedGemmRequest r = grouped_gemm_request({v[0], v[1], v[2], v[3], v[4]}, rhs_kn,
+                                                             te::DType(out_dtype));
+  const te::ops::GroupedGemmPlan plan = te::ops::plan_grouped_gemm(r, ctx, /*plan_outputs=*/true);
+  py::dict d;
+  d["out"] = py::make_tuple(std::vector<int64_t>(plan.d_shape.dims, plan.d_shape.dims + 2), int(plan.d_dtype));
+  d["workspace_bytes"] = plan.workspace_bytes;
+  d["kernel"] = std::string(te::ops::grouped_gemm_kernel(plan));
   return d;
 }
 
@@ -181,6 +216,8 @@ PYBIND11_MODULE(_ffi, m) {
   m.def("cpu_targets", &te_jax::cpu_targets);
   m.def("cuda_targets", &te_jax::cuda_targets);
   m.def("plan_gemm", &te_jax::plan_gemm, py::arg("inputs"), py::arg("out_dtype"), py::arg("attrs"), py::arg("cuda"));
+  m.def("plan_grouped_gemm", &te_jax::plan_grouped_gemm, py::arg("inputs"), py::arg("rhs_kn"), py::arg("out_dtype"),
+        py::arg("cuda"));
   m.def("plan_act", &te_jax::plan_act, py::arg("op"), py::arg("act"), py::arg("backward"), py::arg("with_dbias"),
         py::arg("x_shape"), py::arg("x_dtype"), py::arg("grad_shape"), py::arg("quantizer"), py::arg("cuda"));
 #if defined(TE_WITH_CUDA)

@@ -4,6 +4,7 @@
 // its unfused fallback, or the CPU kernel) are the core's (csrc/core/ops/gemm_op.h); what stays here is torch's:
 // devices, contiguity, the workspace tensors, the current stream and the error classes.
 #include "../core/ops/gemm_op.h"
+#include "../core/ops/grouped_gemm_op.h"
 #include "bridge.h"
 
 namespace te_torch {
@@ -13,7 +14,7 @@ constexpr const char* kOp = "generic_gemm";
 
 // A torch tensor's element type as the core's DType (the core checks it against the argument's role); a type the core
 // has no code for raises TypeError here.
-te::DType storage_dtype(const Tensor& t, const char* what) {
+te::DType storage_dtype(const Tensor& t, const char* what, const char* op = kOp) {
   switch (t.scalar_type()) {
     case at::kFloat: return te::DType::kFloat32;
     case at::kHalf: return te::DType::kFloat16;
@@ -26,7 +27,7 @@ te::DType storage_dtype(const Tensor& t, const char* what) {
     case at::kFloat8_e5m2: return te::DType::kFloat8E5M2;
     default: break;
   }
-  TORCH_CHECK_TYPE(false, kOp, ": ", what, " has dtype ", dtype_name(t.scalar_type()), " with shape ", shape_str(t),
+  TORCH_CHECK_TYPE(false, op, ": ", what, " has dtype ", dtype_name(t.scalar_type()), " with shape ", shape_str(t),
                    ", which no GEMM argument takes");
   return te::DType::kByte;  // not reached
 }
@@ -158,6 +159,64 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
   });
 }
 
+// te::grouped_gemm (csrc/core/ops/grouped_gemm_op.h): out [m_total, n] planned by the core, allocated here; the group
+// sizes stay on the device. Operands must be contiguous (a view is copied); the workspace comes from torch's caching
+// allocator on the current stream (graph-capture safe).
+Tensor grouped_gemm(const Tensor& lhs_in, const Tensor& rhs_in, const Tensor& group_sizes,
+                    const c10::optional<Tensor>& lhs_scale_inv, const c10::optional<Tensor>& rhs_scale_inv,
+                    int64_t lhs_dtype, int64_t rhs_dtype, bool rhs_kn, int64_t out_dtype) {
+  constexpr const char* op = "grouped_gemm";
+  Tensor out;
+  with_torch_errors([&] {
+    const Tensor lhs = lhs_in.contiguous(), rhs = rhs_in.contiguous();
+    const auto buf = [&](const c10::optional<Tensor>& t, const char* what) {
+      te::ops::GemmBuffer b;
+      if (!t.has_value()) return b;
+      TORCH_CHECK_VALUE(t->device() == lhs.device(), op, ": ", what, " is on ", t->device().str(), " but lhs is on ",
+                        lhs.device().str());
+      b.present = true;
+      b.contiguous = t->is_contiguous();
+      b.v = view_of(*t, storage_dtype(*t, what, op), op);
+      return b;
+    };
+    te::ops::GroupedGemmRequest r;
+    r.op = op;
+    r.lhs = buf(lhs, "lhs");
+    r.rhs = buf(rhs, "rhs");
+    r.group_sizes = buf(group_sizes, "group_sizes");
+    r.lhs_scale_inv = buf(lhs_scale_inv, "lhs_scale_inv");
+    r.rhs_scale_inv = buf(rhs_scale_inv, "rhs_scale_inv");
+    r.lhs_dtype_code = lhs_dtype;
+    r.rhs_dtype_code = rhs_dtype;
+    r.rhs_kn = rhs_kn;
+    r.d_dtype = out_dtype;
+#if defined(TE_WITH_CUDA)
+    const c10::cuda::OptionalCUDAGuard guard(lhs.is_cuda() ? c10::optional<c10::Device>(lhs.device()) : c10::nullopt);
+#endif
+    const te::ops::ExecCtx ctx = exec_ctx(lhs);
+    const te::ops::GroupedGemmPlan plan = te::ops::plan_grouped_gemm(r, ctx, /*plan_outputs=*/true);
+    const at::ScalarType st = plan.d_dtype == te::DType::kFloat32   ? at::kFloat
+                              : plan.d_dtype == te::DType::kFloat16 ? at::kHalf
+                                                                     : at::kBFloat16;
+    out = new_empty_in_guard({plan.d_shape.dims[0], plan.d_shape.dims[1]}, lhs.options().dtype(st));
+    Tensor ws;
+    te::ops::GroupedGemmIO io;
+    if (plan.workspace_bytes > 0) {
+      ws = new_empty_in_guard({plan.workspace_bytes}, lhs.options().dtype(at::kByte));
+      io.workspace = ws.data_ptr();
+      io.workspace_bytes = plan.workspace_bytes;
+    }
+    io.lhs = lhs.data_ptr();
+    io.rhs = rhs.data_ptr();
+    io.group_sizes = group_sizes.data_ptr<int32_t>();
+    io.lhs_scale_inv = fptr(lhs_scale_inv);
+    io.rhs_scale_inv = fptr(rhs_scale_inv);
+    io.d = out.data_ptr();
+    te::ops::run_grouped_gemm(plan, io, ctx);
+  });
+  return out;
+}
+
 int64_t cublaslt_version() {
 #if defined(TE_WITH_CUDA)
   return int64_t(te::cublaslt_version());
@@ -168,7 +227,10 @@ int64_t cublaslt_version() {
 
 }  // namespace
 
-static void gemm_impls(torch::Library& m) { m.impl("gemm", &gemm); }
+static void gemm_impls(torch::Library& m) {
+  m.impl("gemm", &gemm);
+  m.impl("grouped_gemm", &grouped_gemm);
+}
 TE_IMPL_CPU_AND_CUDA(gemm_impls)
 
 // No tensor arguments: one kernel for every dispatch key.

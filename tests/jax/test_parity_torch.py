@@ -195,20 +195,6 @@ print(h.hexdigest())
 
 
 @pytest.mark.cuda
-def test_command_buffer_gives_the_same_bytes():
+def test_command_buffer_gives_the_same_bytes(same_bytes_with_command_buffers):
     """XLA's command buffers (CUDA graphs) with custom calls included replay our handlers with the same bytes."""
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    runs = {}
-    for flags in ("--xla_gpu_enable_command_buffer=", "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL "
-                  "--xla_gpu_graph_min_graph_size=1"):
-        out = subprocess.run([sys.executable, "-c", _CMD_BUFFER_SCRIPT], env=dict(env, XLA_FLAGS=flags),
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr[-3000:]
-        runs[flags] = out.stdout.strip()
-    assert len(set(runs.values())) == 1, runs
+    same_bytes_with_command_buffers(_CMD_BUFFER_SCRIPT)

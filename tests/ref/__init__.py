@@ -14,6 +14,7 @@ from .per_tensor import (QRef, act_fp8_current_ref, act_fp8_delayed_ref, amax_an
                          quantize_delayed_ref, reciprocal_f32, rnd_in, transpose_codes)
 from .activations import (ACT_CODE, ACT_NAMES, BASE, C_044715, C_GELU_CUBIC, C_GELU_D, C_QGELU, C_SQRT_2_PI,
                           DACT_NAMES, DBIAS_NAMES, GATED, _df, _f, act_ref, dact_ref, dbias_ref, out_shape)
+from .grouped import grouped_rows
 from .compare import (FP8_TOL, TOL, assert_bytes_equal, assert_close_tol, assert_codes_rn_forgiving, bits_equal,
                       codes_mismatch_report, within_tol)
 from .mxfp8 import (FP8_EMAX, MX_BLOCK, MX_INV_MAX, MXRef, dequantize_mxfp8_ref, e8m0_encode, e8m0_encode_scalar,

@@ -31,6 +31,7 @@ TE_HD void gemm_store(void* p, int64_t i, DType d, float v) {
 }
 
 TE_HD bool gemm_is_fp8(DType d) { return d == DType::kFloat8E4M3 || d == DType::kFloat8E5M2; }
+TE_HD bool gemm_is_plain(DType d) { return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16; }
 
 // What the epilogue of D [n, m] (row-major) reads and writes; pointers on the device that runs it.
 struct GemmEpilogueParams {

@@ -119,6 +119,14 @@ std::string shape_str(const Shape& s);
 // The element types as the torch frontend's messages have always named them (c10's names: Float, Half, BFloat16,
 // Byte, ...), so both frontends' messages read alike.
 std::string dtype_name(DType d);
+
+// Concatenates message pieces (error paths only); integers go through str().
+template <typename... Ts> std::string msg(const Ts&... parts) {
+  std::string s;
+  (s += ... += parts);
+  return s;
+}
+inline std::string str(int64_t v) { return std::to_string(v); }
 std::string device_str(const ExecCtx& ctx);  // "cpu", "cuda:0"
 std::string arch_name(const ExecCtx& ctx);   // "cpu", "sm_90"
 

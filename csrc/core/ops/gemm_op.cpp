@@ -14,14 +14,6 @@ namespace te {
 namespace ops {
 namespace {
 
-// Concatenates message pieces (error paths only); integers go through str().
-template <typename... Ts> std::string msg(const Ts&... parts) {
-  std::string s;
-  (s += ... += parts);
-  return s;
-}
-std::string str(int64_t v) { return std::to_string(v); }
-
 bool is_fp8(DType d) { return d == DType::kFloat8E4M3 || d == DType::kFloat8E5M2; }
 bool is_plain(DType d) { return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16; }
 bool is_fp8_block(GemmScaling s) { return s == GemmScaling::kFp8Block1d || s == GemmScaling::kFp8Block2d; }

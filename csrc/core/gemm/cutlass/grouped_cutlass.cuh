@@ -1,0 +1,188 @@
+// One CUTLASS 3.x Hopper grouped GEMM (warp-specialized cooperative, TMA, persistent, pointer-array) per operand
+// pairing, with its problem shapes read on the device: the setup kernel (grouped_gemm_cuda.cuh) writes, per group,
+// the problem [rows, n, k], the operand and output pointers, their strides and (FP8) alpha = s_lhs·s_rhs[g] into
+// the caller's workspace; the kernel's tile scheduler reads them there, so no size crosses to the host.
+// CUTLASS's names: A = lhs [rows, k] (K-major), B = rhs[g] as (n, k) — K-major for [n, k], N-major for [k, n] —,
+// D = out [rows, n] row-major; beta = 0 and no C operand.
+#pragma once
+
+#include <string>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+
+#include "../grouped_gemm_cuda.cuh"
+#include "grouped_cutlass.h"
+
+namespace te {
+namespace grouped {
+
+template <class EA, class EB, class LayoutB, bool kFp8> struct CutlassConfig {
+  using ElementA = EA;
+  using ElementB = EB;
+  using ElementD = cutlass::bfloat16_t;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutD = cutlass::layout::RowMajor;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  static constexpr int kAlignA = 16 / int(sizeof(EA));
+  static constexpr int kAlignB = 16 / int(sizeof(EB));
+  static constexpr int kAlignD = 8;
+  using TileShape = cute::conditional_t<kFp8, cute::Shape<cute::_256, cute::_128, cute::_128>,
+                                        cute::Shape<cute::_256, cute::_128, cute::_64>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, ElementD, LayoutD*,
+      kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EA, LayoutA*, kAlignA, EB, LayoutB*, kAlignB, float,
+      TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+};
+
+// A packed rank-3 stride whose one dynamic mode among the first two is the leading dimension `ld`.
+template <class Stride> __device__ Stride packed_stride(int64_t ld) {
+  Stride s{};
+  if constexpr (cute::is_static<cute::remove_cvref_t<decltype(cute::get<0>(s))>>::value) {
+    cute::get<1>(s) = ld;
+  } else {
+    cute::get<0>(s) = ld;
+  }
+  return s;
+}
+
+// The per-group table in the workspace, each array 256-B aligned, then the kernel's own workspace.
+template <class C> struct Table {
+  typename C::ProblemShape::UnderlyingProblemShape* shapes;
+  const typename C::ElementA** a;
+  const typename C::ElementB** b;
+  typename C::ElementD** d;
+  typename C::StrideA* sa;
+  typename C::StrideB* sb;
+  typename C::StrideD* sd;
+  float* alpha;
+  const float** alpha_ptr;
+  void* kernel_ws;
+
+  static size_t bytes(int64_t groups) { return carve(nullptr, groups).second; }
+  static std::pair<Table, size_t> carve(void* base, int64_t groups) {
+    Table t{};
+    size_t off = 0;
+    const auto take = [&](auto*& p, size_t elt) {
+      p = reinterpret_cast<cute::remove_reference_t<decltype(p)>>(static_cast<char*>(base) + off);
+      off += (size_t(groups) * elt + 255) & ~size_t(255);
+    };
+    take(t.shapes, sizeof(*t.shapes));
+    take(t.a, sizeof(*t.a));
+    take(t.b, sizeof(*t.b));
+    take(t.d, sizeof(*t.d));
+    take(t.sa, sizeof(*t.sa));
+    take(t.sb, sizeof(*t.sb));
+    take(t.sd, sizeof(*t.sd));
+    take(t.alpha, sizeof(*t.alpha));
+    take(t.alpha_ptr, sizeof(*t.alpha_ptr));
+    t.kernel_ws = static_cast<char*>(base) + off;
+    return {t, off};
+  }
+};
+
+template <class C, bool kFp8> struct FillTable {
+  Table<C> t;
+  GroupedGemmArgs a;
+  __device__ void operator()(int64_t g, int64_t first, int64_t rows) const {
+    using EA = typename C::ElementA;
+    using EB = typename C::ElementB;
+    using ED = typename C::ElementD;
+    t.shapes[g] = {int(rows), int(a.n), int(a.k)};
+    t.a[g] = static_cast<const EA*>(a.lhs) + first * a.k;
+    t.b[g] = static_cast<const EB*>(a.rhs) + g * a.n * a.k;
+    t.d[g] = static_cast<ED*>(a.d) + first * a.n;
+    t.sa[g] = packed_stride<typename C::StrideA>(a.k);
+    t.sb[g] = packed_stride<typename C::StrideB>(a.rhs_kn ? a.n : a.k);
+    t.sd[g] = packed_stride<typename C::StrideD>(a.n);
+    t.alpha[g] = kFp8 ? a.lhs_scale_inv[0] * a.rhs_scale_inv[g] : 1.0f;
+    t.alpha_ptr[g] = t.alpha + g;
+  }
+};
+
+template <class C> typename C::Gemm::Arguments cutlass_arguments(const Table<C>& t, const GroupedGemmArgs& a,
+                                                                 int sms) {
+  typename C::Gemm::Arguments args;
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  args.problem_shape = {int(a.groups), t.shapes, nullptr};
+  args.mainloop = {t.a, t.sa, t.b, t.sb};
+  auto& f = args.epilogue.thread;
+  f.alpha = 1.0f;
+  f.beta = 0.0f;
+  f.alpha_ptr = nullptr;
+  f.beta_ptr = nullptr;
+  f.alpha_ptr_array = t.alpha_ptr;
+  f.beta_ptr_array = nullptr;
+  f.dAlpha = {cute::_0{}, cute::_0{}, 1};
+  f.dBeta = {cute::_0{}, cute::_0{}, 0};
+  args.epilogue.ptr_C = nullptr;
+  args.epilogue.ptr_D = t.d;
+  args.epilogue.dD = t.sd;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  args.hw_info.device_id = dev;
+  args.hw_info.sm_count = sms;
+  return args;
+}
+
+[[noreturn]] inline void cutlass_fail(const char* name, const char* what, cutlass::Status st) {
+  core_fail(std::string("grouped_gemm (") + name + "): CUTLASS " + what + " failed: " + cutlassGetStatusString(st));
+}
+
+template <class C, bool kFp8> size_t cutlass_workspace(const GroupedGemmArgs& a, int sms) {
+  const Table<C> t = Table<C>::carve(nullptr, a.groups).first;
+  return Table<C>::bytes(a.groups) + C::Gemm::get_workspace_size(cutlass_arguments<C>(t, a, sms));
+}
+
+template <class C, bool kFp8> void cutlass_run(const char* name, const GroupedGemmArgs& a, cudaStream_t stream,
+                                               int sms) {
+  const Table<C> t = Table<C>::carve(a.workspace, a.groups).first;
+  setup_kernel<<<kSetupBlocks, kSetupThreads, 0, stream>>>(a, FillTable<C, kFp8>{t, a});
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) core_fail(std::string("grouped_gemm: setup launch failed: ") + cudaGetErrorString(e));
+  if (a.groups == 0 || a.m_total == 0 || a.n == 0) return;
+  typename C::Gemm gemm;
+  const auto args = cutlass_arguments<C>(t, a, sms);
+  cutlass::Status st = gemm.can_implement(args);
+  if (st != cutlass::Status::kSuccess) cutlass_fail(name, "can_implement", st);
+  st = gemm.initialize(args, t.kernel_ws, stream);
+  if (st != cutlass::Status::kSuccess) cutlass_fail(name, "initialize", st);
+  st = gemm.run(stream);
+  if (st != cutlass::Status::kSuccess) cutlass_fail(name, "run", st);
+}
+
+}  // namespace grouped
+}  // namespace te
+
+// The Cutlass<K> members of one kind, in the translation unit that instantiates it.
+#define TE_GROUPED_CUTLASS_KIND(K, EA, EB, LAYOUT_B, FP8, NAME)                                                  \
+  namespace te {                                                                                                 \
+  namespace grouped {                                                                                            \
+  using Config##K = CutlassConfig<EA, EB, LAYOUT_B, FP8>;                                                         \
+  template <> const char* Cutlass<CutlassKind::K>::name() { return NAME; }                                       \
+  template <> size_t Cutlass<CutlassKind::K>::workspace(const GroupedGemmArgs& a, int sms) {                     \
+    return cutlass_workspace<Config##K, FP8>(a, sms);                                                            \
+  }                                                                                                              \
+  template <> void Cutlass<CutlassKind::K>::run(const GroupedGemmArgs& a, cudaStream_t s, int sms) {             \
+    cutlass_run<Config##K, FP8>(NAME, a, s, sms);                                                                \
+  }                                                                                                              \
+  }                                                                                                              \
+  }

@@ -1,0 +1,59 @@
+// Grouped GEMM with the group sizes on the device (mixture-of-experts): one launch multiplies every expert's rows by
+// its own weight, reading the sizes where they live, so nothing waits for the host and the call can be recorded
+// into a CUDA graph or an XLA command buffer.
+//
+//   lhs [m_total, k] row-major, its rows grouped by expert in order;  rhs [groups, n, k] ("NK") or [groups, k, n]
+//   ("KN");  group_sizes int32 [groups];  d [m_total, n] row-major:  d[rows of g] = lhs[rows of g] · rhs[g]ᵀ (NK).
+//
+// Group g owns rows [min(o_g, m_total), min(o_g + max(s_g, 0), m_total)), o_g = Σ_{h<g} max(s_h, 0): a negative size
+// counts as 0 and sizes summing past m_total are cut at m_total (the groups past it get no rows); the rows past the
+// last group's end are written as zeros. These are rules, not errors, because the sizes are only known on the device.
+// FP8 per-tensor operands: lhs has one scale_inv [1], rhs one per group [groups]; d = (lhs·rhs[g]ᵀ)·s_lhs·s_rhs[g].
+// Invariant: the CPU kernel and the CUDA launcher read the same args and the same rules; the user-facing checks live
+// in the op above (ops/grouped_gemm_op.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gemm.h"
+
+namespace te {
+
+struct GroupedGemmArgs {
+  const void* lhs = nullptr;            // [m_total, k]
+  DType lhs_dtype = DType::kBFloat16;
+  const void* rhs = nullptr;            // [groups, n, k] or [groups, k, n] (rhs_kn)
+  DType rhs_dtype = DType::kBFloat16;
+  bool rhs_kn = false;
+  const float* lhs_scale_inv = nullptr; // FP8: [1]
+  const float* rhs_scale_inv = nullptr; // FP8: [groups]
+  const int32_t* group_sizes = nullptr; // [groups], on the operands' device
+  void* d = nullptr;                    // [m_total, n]
+  DType d_dtype = DType::kBFloat16;
+  int64_t m_total = 0, n = 0, k = 0, groups = 0;
+  void* workspace = nullptr;            // CUDA: grouped_gemm_workspace_bytes(...) bytes, 256-B aligned
+  size_t workspace_bytes = 0;
+};
+
+// A group's row count as the rules above count it (host and device).
+TE_HD int64_t grouped_gemm_clamp_size(int32_t s) { return s > 0 ? int64_t(s) : 0; }
+
+// CPU: each group through gemm_cpu (exact decode, FP64 accumulation, one rounding); group_sizes in host memory.
+void grouped_gemm_cpu(const GroupedGemmArgs& g, const GemmParallelFor& parallel_for);
+
+#if defined(TE_WITH_CUDA)
+// Device bytes the CUDA launcher needs for `groups` groups on a device of up to `max_sms` multiprocessors (the
+// per-group problem table and pointer arrays, and the kernel's own per-SM descriptors), without the 256-B slack.
+size_t grouped_gemm_workspace_bytes(const GroupedGemmArgs& g, int max_sms);
+// Whether a fast (tensor-core) kernel takes these operand formats and layout in this build; otherwise the launcher
+// runs the portable kernel (correct, slow). "cutlass sm90 ..." / "portable": what runs, for messages and benchmarks.
+const char* grouped_gemm_kernel_name(const GroupedGemmArgs& g);
+// On `stream`: a setup kernel turns group_sizes into the problem table and zeroes the uncovered rows, then one
+// persistent grouped kernel runs every group. Never synchronises the host, never allocates.
+void grouped_gemm_cuda(const GroupedGemmArgs& g, cudaStream_t stream);
+// The multiprocessor count plans reserve the workspace for (a device with more runs on this many).
+int grouped_gemm_max_sms();
+#endif
+
+}  // namespace te

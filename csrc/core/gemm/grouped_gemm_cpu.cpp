@@ -1,0 +1,47 @@
+// The CPU grouped GEMM: the rules of grouped_gemm.h over host memory, each group through the exact CPU GEMM.
+#include <algorithm>
+#include <cstring>
+
+#include "gemm_epilogue.h"
+#include "grouped_gemm.h"
+
+namespace te {
+
+void grouped_gemm_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf) {
+  const size_t d_elt = g.d_dtype == DType::kFloat32 ? 4 : 2;
+  const size_t lhs_elt = gemm_is_fp8(g.lhs_dtype) ? 1 : (g.lhs_dtype == DType::kFloat32 ? 4 : 2);
+  const size_t rhs_elt = gemm_is_fp8(g.rhs_dtype) ? 1 : (g.rhs_dtype == DType::kFloat32 ? 4 : 2);
+  const bool fp8 = gemm_is_fp8(g.lhs_dtype);
+  int64_t row = 0;
+  for (int64_t e = 0; e < g.groups; ++e) {
+    const int64_t begin = std::min(row, g.m_total);
+    const int64_t end = std::min(row + grouped_gemm_clamp_size(g.group_sizes[e]), g.m_total);
+    row = end;
+    if (end == begin || g.n == 0) continue;
+    GemmArgs a;
+    // D = op(B)·op(A) (gemm.h): B = the group's lhs rows [rows, k], A = its weight ([n, k] transposed, or [k, n]).
+    a.b.data = static_cast<const char*>(g.lhs) + size_t(begin) * size_t(g.k) * lhs_elt;
+    a.b.rows = end - begin;
+    a.b.cols = g.k;
+    a.b.dtype = g.lhs_dtype;
+    a.a.data = static_cast<const char*>(g.rhs) + size_t(e) * size_t(g.n) * size_t(g.k) * rhs_elt;
+    a.a.rows = g.rhs_kn ? g.k : g.n;
+    a.a.cols = g.rhs_kn ? g.n : g.k;
+    a.a.dtype = g.rhs_dtype;
+    a.a.trans = !g.rhs_kn;
+    if (fp8) {
+      a.b.scaling = a.a.scaling = GemmScaling::kFp8PerTensor;
+      a.b.scale_inv = g.lhs_scale_inv;
+      a.a.scale_inv = g.rhs_scale_inv + e;
+    }
+    a.d = static_cast<char*>(g.d) + size_t(begin) * size_t(g.n) * d_elt;
+    a.d_dtype = g.d_dtype;
+    gemm_cpu(a, pf);
+  }
+  if (row < g.m_total) {
+    std::memset(static_cast<char*>(g.d) + size_t(row) * size_t(g.n) * d_elt, 0,
+                size_t(g.m_total - row) * size_t(g.n) * d_elt);
+  }
+}
+
+}  // namespace te

@@ -1,0 +1,148 @@
+"""`tej.grouped_gemm`: the mixture-of-experts GEMM with the group sizes on the device, as the XLA FFI call
+`te_grouped_gemm` over the core's grouped GEMM (csrc/core/ops/grouped_gemm_op.h) — the same op `tex.grouped_gemm`
+runs. The sizes are an ordinary device buffer the kernels read, so a call never waits for the host and can sit in a
+command buffer; its shapes are static (M_total, the expert count), as XLA needs.
+
+out[rows of g] = lhs[rows of g] · rhs[g] contracted over K, for the groups g in order. Group g owns the rows after
+the previous groups' (negative sizes count as 0, sizes summing past M_total are cut there) and the rows past the
+sizes' sum come out as zeros (csrc/core/gemm/grouped_gemm.h). On CUDA: CUTLASS Hopper tensor-core kernels for bf16
+and FP8 (E4M3 x E4M3, E5M2 x E4M3), a portable kernel for fp16/fp32; the CPU runs the exact CPU GEMM per group.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _ffi
+from .cpp_extensions import _register, quantize
+from .gemm import _CODE, _DTYPE, _describe
+from .quantizers import Quantizer, ScalingMode
+from .scaled_tensor import ScaledTensor
+
+_TARGET = "te_grouped_gemm"
+_PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)
+
+
+def _fp8_rowwise(x: ScaledTensor, name: str):
+    if x.scaling_mode not in _PER_TENSOR:
+        raise NotImplementedError(f"tej.grouped_gemm: not yet supported: {name} {_describe(x)}; the grouped GEMM "
+                                  f"takes plain operands and FP8 per-tensor (delayed or current) ScaledTensors")
+    if x.data is None:
+        raise ValueError(f"tej.grouped_gemm: {name} {_describe(x)} needs its rowwise copy (K runs along its last "
+                         f"dim); quantize it with q_layout ROWWISE or ROWWISE_COLWISE")
+    return x.data, x.scale_inv.reshape(-1).astype(jnp.float32)
+
+
+def _lhs(lhs, quantizer):
+    if quantizer is not None:
+        lhs = quantize(lhs, _checked(quantizer, "lhs"))
+    if isinstance(lhs, ScaledTensor):
+        return (*_fp8_rowwise(lhs, "lhs"), jnp.dtype(lhs.dq_dtype))
+    lhs = jnp.asarray(lhs)
+    return lhs, jnp.zeros((0,), jnp.float32), jnp.dtype(lhs.dtype)
+
+
+def _checked(quantizer, name):
+    if not isinstance(quantizer, Quantizer):
+        raise TypeError(f"tej.grouped_gemm: {name}_quantizer must be a tej quantizer or None, got "
+                        f"{type(quantizer).__name__}")
+    if quantizer.scaling_mode not in _PER_TENSOR:
+        raise NotImplementedError(f"tej.grouped_gemm: not yet supported: {name}_quantizer "
+                                  f"{quantizer.scaling_mode.name}; use an FP8 per-tensor quantizer")
+    return quantizer
+
+
+def _rhs(rhs, quantizer, groups_hint: int):
+    """rhs codes or values [G, ...] and its per-group scale_inv [G] (0 elements for plain operands). A quantizer
+    quantizes each group on its own (current scaling: each group its own scale); a ScaledTensor with one scale
+    shares it among the groups."""
+    if quantizer is not None:
+        if isinstance(rhs, ScaledTensor):
+            raise ValueError(f"tej.grouped_gemm: rhs is already a ScaledTensor ({_describe(rhs)}); pass "
+                             f"rhs_quantizer=None")
+        q = _checked(quantizer, "rhs")
+        parts = [_fp8_rowwise(quantize(rhs[g], q), "rhs") for g in range(rhs.shape[0])]
+        return jnp.stack([p[0] for p in parts]), jnp.concatenate([p[1] for p in parts])
+    if isinstance(rhs, ScaledTensor):
+        data, scale_inv = _fp8_rowwise(rhs, "rhs")
+        if scale_inv.shape[0] == 1:
+            scale_inv = jnp.broadcast_to(scale_inv, (data.shape[0],))
+        return data, scale_inv
+    return jnp.asarray(rhs), jnp.zeros((0,), jnp.float32)
+
+
+def _contracting(contracting_dims, rhs_ndim: int) -> bool:
+    """Whether rhs is [G, K, N] (its K at dim 1) rather than [G, N, K]; lhs contracts its last dim."""
+    try:
+        (lc,), (rc,) = contracting_dims
+    except (TypeError, ValueError):
+        raise ValueError(f"tej.grouped_gemm: contracting_dims must be ((lhs dim,), (rhs dim,)), got "
+                         f"{contracting_dims!r}") from None
+    if int(lc) % 2 != 1 or rhs_ndim != 3 or int(rc) % 3 not in (1, 2):
+        raise ValueError(f"tej.grouped_gemm: contracting_dims {contracting_dims} must contract lhs [M_total, K]'s "
+                         f"last dim and rhs's dim 1 ([G, K, N]) or 2 ([G, N, K]) of a 3-D rhs")
+    return int(rc) % 3 == 1
+
+
+def _likely_cpu() -> bool:
+    from .gemm import _likely_platform
+
+    return _likely_platform() == "cpu"
+
+
+def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quantizer=None, rhs_quantizer=None,
+                 out_dtype=None):
+    """Grouped GEMM: lhs [M_total, K] with its rows grouped by expert, rhs [G, N, K] (contracting_dims ((1,), (2,)),
+    the default) or [G, K, N] (((1,), (1,))), group_sizes int32 [G] on the device → out [M_total, N].
+
+    Operands: bf16 / fp16 / fp32 arrays of one dtype, or FP8 per-tensor ScaledTensors (rowwise copies); or plain
+    arrays with per-tensor FP8 quantizers (`rhs_quantizer` quantizes each group on its own). FP8 rhs must be
+    [G, N, K] (FP8 tensor cores are TN); E5M2 x E5M2 is refused. The output is the operands' dtype (bf16 for FP8)
+    unless `out_dtype` is given. Shapes and every rule are checked at trace time by the core's planner."""
+    _register()
+    rhs_ndim = len(rhs.shape)
+    rhs_kn = _contracting(contracting_dims, rhs_ndim)
+    lhs_data, lhs_scale, nominal = _lhs(lhs, lhs_quantizer)
+    rhs_data, rhs_scale = _rhs(rhs, rhs_quantizer, rhs.shape[0])
+    group_sizes = jnp.asarray(group_sizes)
+    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise TypeError(f"tej.grouped_gemm: group_sizes must be an integer array [G], got {group_sizes.dtype}")
+    group_sizes = group_sizes.astype(jnp.int32)
+    fp8 = lhs_scale.shape[0] > 0
+    out = jnp.dtype(out_dtype) if out_dtype is not None else (jnp.dtype(jnp.bfloat16) if fp8 else nominal)
+    inputs = (lhs_data, rhs_data, group_sizes, lhs_scale, rhs_scale)
+    for a in inputs:
+        if jnp.dtype(a.dtype) not in _CODE and jnp.dtype(a.dtype) != jnp.dtype(jnp.int32):
+            raise TypeError(f"tej.grouped_gemm: operand dtype {a.dtype} is not supported")
+    codes = [(list(a.shape), _CODE.get(jnp.dtype(a.dtype), 2)) for a in inputs]  # 2: kInt32
+    if out not in _CODE:
+        raise TypeError(f"tej.grouped_gemm: out_dtype must be bfloat16, float16 or float32, got {out}")
+    # The platform the call most likely runs on is planned strictly (its errors raise now); the other leniently: a
+    # rule only it breaks (CUDA's alignment) raises from its handler if the call does run there.
+    primary, other = ("cpu", "cuda") if _likely_cpu() else ("cuda", "cpu")
+    plans = {primary: _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], primary == "cuda")}
+    try:
+        plans[other] = _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], other == "cuda")
+    except (ValueError, NotImplementedError):
+        plans[other] = None
+
+    def call(platform):
+        p = plans[platform] if plans[platform] is not None else plans[primary]
+        results = [jax.ShapeDtypeStruct(tuple(p["out"][0]), _DTYPE[p["out"][1]]),
+                   jax.ShapeDtypeStruct((p["workspace_bytes"],), jnp.uint8)]
+        return lambda *args: jax.ffi.ffi_call(_TARGET, results)(*args, rhs_kn=np.bool_(rhs_kn))[0]
+
+    return jax.lax.platform_dependent(*inputs, cpu=call("cpu"), cuda=call("cuda"))
+
+
+def grouped_gemm_kernel(lhs_dtype, rhs_dtype, shape=(256, 128, 128), groups=4, rhs_kn=False) -> str:
+    """What would run a CUDA grouped GEMM of these operand dtypes ("cutlass sm90 grouped bf16 NK", "portable"): for
+    benchmarks and support questions. shape = (M_total, N, K)."""
+    m, n, k = shape
+    fp8 = jnp.dtype(lhs_dtype).itemsize == 1
+    rhs_shape = [groups, k, n] if rhs_kn else [groups, n, k]
+    codes = [([m, k], _CODE[jnp.dtype(lhs_dtype)]), (rhs_shape, _CODE[jnp.dtype(rhs_dtype)]), ([groups], 2),
+             ([1] if fp8 else [0], 4), ([groups] if fp8 else [0], 4)]
+    out = _CODE[jnp.dtype(jnp.bfloat16)] if fp8 else _CODE[jnp.dtype(lhs_dtype)]
+    return _ffi.plan_grouped_gemm(codes, rhs_kn, out, True)["kernel"]
