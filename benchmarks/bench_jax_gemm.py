@@ -225,7 +225,8 @@ def run_optional(row, key, label, fn, want, tol):
 
 def grouped_case(ctx, kind, fmt):
     """One row: tej.grouped_gemm vs ragged_dot vs torch's grouped GEMM vs a dense GEMM of the same FLOPs vs
-    tex.grouped_gemm, on one group-size distribution ('balanced', 'skewed') and format ('bf16', 'fp8')."""
+    tex.grouped_gemm, on one group-size distribution ('balanced', 'skewed') and format ('bf16', 'fp8' with promoted
+    accumulation, 'fp8 fast' with FastAccum; the torch peer takes the same accumulation)."""
     jax, tej, tex, device, cfg = ctx["jax"], ctx["tej"], ctx["tex"], ctx["device"], ctx["grouped"]
     jnp = jax.numpy
     G, K, N = cfg["groups"], cfg["K"], cfg["N"]
@@ -234,13 +235,14 @@ def grouped_case(ctx, kind, fmt):
     name = f"grouped {kind} {fmt} {G}x({M // G}|{M})x{N}x{K}"
     row = {"section": "grouped", "case": name, "kind": kind, "format": fmt, "G": G, "M_total": M, "N": N, "K": K,
            "sizes": sizes.tolist(), "flops": 2.0 * M * N * K, "valid": False, "note": ""}
-    fp8 = fmt == "fp8"
+    fp8 = fmt.startswith("fp8")
+    split = fmt != "fp8 fast"
     kx, kw = jax.random.split(jax.random.PRNGKey(100 + len(ctx["rows"])))
     x, w = normal(jax, kx, (M, K)), normal(jax, kw, (G, N, K), K ** -0.5)
     gs = jnp.asarray(sizes, jnp.int32)
     ends = np.cumsum(sizes)
     starts = ends - sizes
-    ours = jax.jit(lambda a, b, s: tej.grouped_gemm(a, b, s, ((1,), (2,))))
+    ours = jax.jit(lambda a, b, s: tej.grouped_gemm(a, b, s, ((1,), (2,)), use_split_accumulator=split))
     dense = jax.jit(lambda a, b: tej.gemm(a, b, ((1,), (1,))))  # the same FLOPs: [M_total, K] x [K, N]
     tgs = torch.from_dlpack(gs)
     offs = torch.from_dlpack(jnp.asarray(ends, jnp.int32))
@@ -263,7 +265,8 @@ def grouped_case(ctx, kind, fmt):
     ragged = jax.jit(P.ragged_dot)
 
     def ours_tex():
-        return tex.grouped_gemm(tx, tw, tgs, w_layout="NK", out_dtype=torch.bfloat16, **tex_kw)
+        return tex.grouped_gemm(tx, tw, tgs, w_layout="NK", out_dtype=torch.bfloat16, use_split_accumulator=split,
+                                **tex_kw)
 
     peer, peer_name = None, "torch._grouped_mm"
     if not fp8 and hasattr(torch, "_grouped_mm"):
@@ -275,7 +278,7 @@ def grouped_case(ctx, kind, fmt):
         s_cols = torch.from_dlpack(jnp.broadcast_to(w_scales[:, None], (G, N)).astype(jnp.float32))
 
         def peer():
-            return P.torch_scaled_grouped_mm(tx, tw, s_rows, s_cols, offs, fast_accum=False)
+            return P.torch_scaled_grouped_mm(tx, tw, s_rows, s_cols, offs, fast_accum=not split)
     else:
         peer_name = f"{'torch._scaled_grouped_mm' if fp8 else 'torch._grouped_mm'} not in torch {torch.__version__}"
     row["torch_peer"] = peer_name
@@ -371,6 +374,9 @@ def flax_rows(ctx):
         try:
             recipe = getattr(tej, rname)()
             model = tej_mlp(tej, nnx, recipe, plain)
+            if isinstance(recipe, tej.DelayedScaling):
+                calibrate(tej, nnx, recipe, model, x)
+                row["note"] = "validated after one amax-history step (the initial scale is 1.0)"
             with tej.autocast(recipe=recipe):
                 out = nnx.jit(lambda m, v: m(v))(model, x)
             row["out_err"] = float(np.max(np.abs(P.to_f64(out) - want)) / max(np.max(np.abs(want)), 1e-30))
@@ -415,6 +421,21 @@ def tej_mlp(tej, nnx, recipe, plain):
                          ("fc2_kernel", plain.fc2.kernel), ("fc2_bias", plain.fc2.bias)):
         getattr(model, ours).set_value(theirs.get_value())
     return model
+
+
+def calibrate(tej, nnx, recipe, model, x):
+    """One delayed-scaling amax-history step (no parameter update): what a training run's first step leaves, so the
+    forward check sees the scales training uses rather than the initial 1.0."""
+    import jax.numpy as jnp
+
+    @nnx.jit
+    def cal(model, x):
+        with tej.autocast(recipe=recipe):
+            grads = nnx.grad(lambda m: jnp.mean(m(x).astype(jnp.float32)),
+                             argnums=nnx.DiffState(0, tej.flax.FP8Meta))(model)
+        tej.flax.update_fp8_meta(model, grads)
+
+    cal(model, x)
 
 
 def tej_step(tej, nnx, recipe, lr=1e-3):
@@ -548,7 +569,7 @@ def main():
         skipped["grouped"] = "skipped: tej.grouped_gemm / tex.grouped_gemm not in this build"
     else:
         for kind in ("balanced", "skewed"):
-            for fmt in ("bf16", "fp8"):
+            for fmt in ("bf16", "fp8", "fp8 fast"):
                 if matches(args, f"grouped {kind} {fmt}"):
                     grouped.append(grouped_case(ctx, kind, fmt))
                     ctx["rows"].append(grouped[-1])

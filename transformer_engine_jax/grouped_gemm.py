@@ -92,13 +92,14 @@ def _likely_cpu() -> bool:
 
 
 def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quantizer=None, rhs_quantizer=None,
-                 out_dtype=None):
+                 out_dtype=None, *, use_split_accumulator=True):
     """Grouped GEMM: lhs [M_total, K] with its rows grouped by expert, rhs [G, N, K] (contracting_dims ((1,), (2,)),
     the default) or [G, K, N] (((1,), (1,))), group_sizes int32 [G] on the device → out [M_total, N].
 
     Operands: bf16 / fp16 / fp32 arrays of one dtype, or FP8 per-tensor ScaledTensors (rowwise copies); or plain
     arrays with per-tensor FP8 quantizers (`rhs_quantizer` quantizes each group on its own). FP8 rhs must be
-    [G, N, K] (FP8 tensor cores are TN); E5M2 x E5M2 is refused. The output is the operands' dtype (bf16 for FP8)
+    [G, N, K] (FP8 tensor cores are TN); E5M2 x E5M2 is refused; `use_split_accumulator=False` takes the tensor
+    cores' faster, less precise FP8 accumulation (SPEC §6.3). The output is the operands' dtype (bf16 for FP8)
     unless `out_dtype` is given. Shapes and every rule are checked at trace time by the core's planner."""
     _register()
     rhs_ndim = len(rhs.shape)
@@ -120,10 +121,11 @@ def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quant
         raise TypeError(f"tej.grouped_gemm: out_dtype must be bfloat16, float16 or float32, got {out}")
     # The platform the call most likely runs on is planned strictly (its errors raise now); the other leniently: a
     # rule only it breaks (CUDA's alignment) raises from its handler if the call does run there.
+    split = bool(use_split_accumulator)
     primary, other = ("cpu", "cuda") if _likely_cpu() else ("cuda", "cpu")
-    plans = {primary: _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], primary == "cuda")}
+    plans = {primary: _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], primary == "cuda", split)}
     try:
-        plans[other] = _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], other == "cuda")
+        plans[other] = _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], other == "cuda", split)
     except (ValueError, NotImplementedError):
         plans[other] = None
 
@@ -131,12 +133,14 @@ def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quant
         p = plans[platform] if plans[platform] is not None else plans[primary]
         results = [jax.ShapeDtypeStruct(tuple(p["out"][0]), _DTYPE[p["out"][1]]),
                    jax.ShapeDtypeStruct((p["workspace_bytes"],), jnp.uint8)]
-        return lambda *args: jax.ffi.ffi_call(_TARGET, results)(*args, rhs_kn=np.bool_(rhs_kn))[0]
+        return lambda *args: jax.ffi.ffi_call(_TARGET, results)(*args, rhs_kn=np.bool_(rhs_kn),
+                                                                 use_split_accumulator=np.bool_(split))[0]
 
     return jax.lax.platform_dependent(*inputs, cpu=call("cpu"), cuda=call("cuda"))
 
 
-def grouped_gemm_kernel(lhs_dtype, rhs_dtype, shape=(256, 128, 128), groups=4, rhs_kn=False) -> str:
+def grouped_gemm_kernel(lhs_dtype, rhs_dtype, shape=(256, 128, 128), groups=4, rhs_kn=False,
+                        use_split_accumulator=True) -> str:
     """What would run a CUDA grouped GEMM of these operand dtypes ("cutlass sm90 grouped bf16 NK", "portable"): for
     benchmarks and support questions. shape = (M_total, N, K)."""
     m, n, k = shape
@@ -145,4 +149,4 @@ def grouped_gemm_kernel(lhs_dtype, rhs_dtype, shape=(256, 128, 128), groups=4, r
     codes = [([m, k], _CODE[jnp.dtype(lhs_dtype)]), (rhs_shape, _CODE[jnp.dtype(rhs_dtype)]), ([groups], 2),
              ([1] if fp8 else [0], 4), ([groups] if fp8 else [0], 4)]
     out = _CODE[jnp.dtype(jnp.bfloat16)] if fp8 else _CODE[jnp.dtype(lhs_dtype)]
-    return _ffi.plan_grouped_gemm(codes, rhs_kn, out, True)["kernel"]
+    return _ffi.plan_grouped_gemm(codes, rhs_kn, out, True, use_split_accumulator)["kernel"]

@@ -168,7 +168,8 @@ def _gemm_fake(A, A_scale_inv, A_dtype, transA, B, B_scale_inv, B_dtype, transB,
 
 
 @torch.library.register_fake("te::grouped_gemm")
-def _grouped_gemm_fake(lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv, lhs_dtype, rhs_dtype, rhs_kn, out_dtype):
+def _grouped_gemm_fake(lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv, lhs_dtype, rhs_dtype, rhs_kn, out_dtype,
+                       *rest):
     _one_device("grouped_gemm", lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv)
     from .dtypes import to_torch_dtype
     n = rhs.shape[2] if rhs_kn else rhs.shape[1]

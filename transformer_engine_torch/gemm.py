@@ -476,7 +476,7 @@ def _grouped_weights(w, w_scale_inv, w_quantizer):
 
 
 def grouped_gemm(x, w, group_sizes=None, *, offsets=None, w_layout="NK", x_scale_inv=None, w_scale_inv=None,
-                 x_quantizer=None, w_quantizer=None, out_dtype=None):
+                 x_quantizer=None, w_quantizer=None, out_dtype=None, use_split_accumulator=True):
     """Grouped GEMM for mixture-of-experts with the group sizes on the device: no host sync, CUDA-graph safe.
 
     x [M_total, K] (rows grouped by expert, in order) · w[g] for each group g → out [M_total, N]. w is [G, N, K]
@@ -487,7 +487,8 @@ def grouped_gemm(x, w, group_sizes=None, *, offsets=None, w_layout="NK", x_scale
     FP8 (per-tensor scaling): x as a Float8Tensor, FP8 codes with `x_scale_inv` [1], or a plain tensor and
     `x_quantizer`; w as FP8 codes [G, N, K] with `w_scale_inv` [G], a list of G Float8Tensors, or a plain tensor and
     `w_quantizer` (each group quantized on its own). E5M2 x E5M2 is refused, and FP8 w must be "NK" (FP8 tensor
-    cores are TN). The output is x's dtype (bf16 for FP8) unless `out_dtype` says otherwise."""
+    cores are TN); `use_split_accumulator=False` takes the tensor cores' faster, less precise FP8 accumulation
+    (SPEC §6.3). The output is x's dtype (bf16 for FP8) unless `out_dtype` says otherwise."""
     if w_layout not in ("NK", "KN"):
         raise ValueError(f"grouped_gemm: w_layout must be 'NK' ([G, N, K]) or 'KN' ([G, K, N]), got {w_layout!r}")
     if (group_sizes is None) == (offsets is None):
@@ -503,7 +504,8 @@ def grouped_gemm(x, w, group_sizes=None, *, offsets=None, w_layout="NK", x_scale
         out_dtype = x.dtype if isinstance(x, torch.Tensor) and x.dtype in _PLAIN_CODES and not \
             isinstance(x, QuantizedTensor) else torch.bfloat16
     out_code = int(as_dtype(out_dtype, "grouped_gemm out_dtype"))
-    return call(_GROUPED, (lhs, rhs, sizes, lhs_s, rhs_s, lhs_code, rhs_code, w_layout == "KN", out_code))
+    return call(_GROUPED, (lhs, rhs, sizes, lhs_s, rhs_s, lhs_code, rhs_code, w_layout == "KN", out_code,
+                           bool(use_split_accumulator)))
 
 
 def get_cublasLt_version() -> int:

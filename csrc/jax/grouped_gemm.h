@@ -15,6 +15,7 @@ struct GroupedGemmInputs {
   te::ops::TensorView lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv;
 };
 
-te::ops::GroupedGemmRequest grouped_gemm_request(const GroupedGemmInputs& in, bool rhs_kn, te::DType out_dtype);
+te::ops::GroupedGemmRequest grouped_gemm_request(const GroupedGemmInputs& in, bool rhs_kn, bool use_split_accumulator,
+                                                 te::DType out_dtype);
 
 }  // namespace te_jax

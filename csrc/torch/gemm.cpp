@@ -164,7 +164,8 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
 // allocator on the current stream (graph-capture safe).
 Tensor grouped_gemm(const Tensor& lhs_in, const Tensor& rhs_in, const Tensor& group_sizes,
                     const c10::optional<Tensor>& lhs_scale_inv, const c10::optional<Tensor>& rhs_scale_inv,
-                    int64_t lhs_dtype, int64_t rhs_dtype, bool rhs_kn, int64_t out_dtype) {
+                    int64_t lhs_dtype, int64_t rhs_dtype, bool rhs_kn, int64_t out_dtype,
+                    bool use_split_accumulator) {
   constexpr const char* op = "grouped_gemm";
   Tensor out;
   with_torch_errors([&] {
@@ -190,6 +191,7 @@ Tensor grouped_gemm(const Tensor& lhs_in, const Tensor& rhs_in, const Tensor& gr
     r.rhs_dtype_code = rhs_dtype;
     r.rhs_kn = rhs_kn;
     r.d_dtype = out_dtype;
+    r.use_split_accumulator = use_split_accumulator;
 #if defined(TE_WITH_CUDA)
     const c10::cuda::OptionalCUDAGuard guard(lhs.is_cuda() ? c10::optional<c10::Device>(lhs.device()) : c10::nullopt);
 #endif

@@ -76,20 +76,22 @@ def parity_cases(device):
             put(x), put(w), put(gs))
         want = tex.grouped_gemm(to_torch(x).to(device), to_torch(w).to(device), ts, w_layout="KN" if kn else "NK")
         cases.append((f"bf16 {'KN' if kn else 'NK'}", got, want))
-    for lhs_dt in (jnp.float8_e4m3fn, jnp.float8_e5m2):
+    for lhs_dt, split in ((jnp.float8_e4m3fn, True), (jnp.float8_e5m2, True), (jnp.float8_e4m3fn, False)):
         x, w = operands(256, 64, 128, 5, jnp.bfloat16, False, 3)
         ql = tej.QuantizerFactory.create(scaling_mode=SM.CURRENT_TENSOR_SCALING, q_dtype=lhs_dt,
                                          q_layout=tej.QuantizeLayout.ROWWISE)
         qr = tej.QuantizerFactory.create(scaling_mode=SM.CURRENT_TENSOR_SCALING, q_dtype=jnp.float8_e4m3fn,
                                          q_layout=tej.QuantizeLayout.ROWWISE)
-        got = jax.jit(lambda a, b, s: tej.grouped_gemm(a, b, s, lhs_quantizer=ql, rhs_quantizer=qr))(
+        got = jax.jit(lambda a, b, s: tej.grouped_gemm(a, b, s, lhs_quantizer=ql, rhs_quantizer=qr,
+                                                       use_split_accumulator=split))(
             put(x), put(w), put(gs))
         xq = tej.quantize(x, ql)
         wq = [tej.quantize(w[g], qr) for g in range(5)]
         want = tex.grouped_gemm(to_torch(xq.data).to(device), to_torch(jnp.stack([t.data for t in wq])).to(device),
                                 ts, x_scale_inv=to_torch(xq.scale_inv).to(device),
-                                w_scale_inv=to_torch(jnp.concatenate([t.scale_inv for t in wq])).to(device))
-        cases.append((f"FP8 {jnp.dtype(lhs_dt).name} x e4m3 per-group scales", got, want))
+                                w_scale_inv=to_torch(jnp.concatenate([t.scale_inv for t in wq])).to(device),
+                                use_split_accumulator=split)
+        cases.append((f"FP8 {jnp.dtype(lhs_dt).name} x e4m3 per-group scales split={split}", got, want))
     return cases
 
 

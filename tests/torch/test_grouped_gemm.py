@@ -95,8 +95,9 @@ def test_grouped_equals_loop_of_single_gemms(tex, device):
             assert_grouped_close(out[a:b], r64, base, dtype, f"group {g}")
 
 
+@pytest.mark.parametrize("split", [True, False], ids=["split", "fast"])
 @pytest.mark.parametrize("pair", [("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")])
-def test_grouped_fp8_per_group_scales(tex, device, pair):
+def test_grouped_fp8_per_group_scales(tex, device, pair, split):
     """FP8 per tensor: x one scale, each expert's weight its own (w_quantizer quantizes every group apart); within the
     E4M3 tolerance of the float64 product of the dequantized operands."""
     sizes = [40, 0, 56, 32]
@@ -106,7 +107,7 @@ def test_grouped_fp8_per_group_scales(tex, device, pair):
     xq = current_quantizer(pair[0], columnwise=False)
     wq = current_quantizer(pair[1], columnwise=False)
     out = tex.grouped_gemm(x, w, torch.tensor(sizes, dtype=torch.int32, device=device), x_quantizer=xq,
-                           w_quantizer=wq)
+                           w_quantizer=wq, use_split_accumulator=split)
     assert out.dtype == torch.bfloat16
     xd = tex.quantize(x, xq).dequantize(torch.float32)
     wd = torch.stack([tex.quantize(w[g], wq).dequantize(torch.float32) for g in range(4)])
@@ -116,7 +117,7 @@ def test_grouped_fp8_per_group_scales(tex, device, pair):
     wt = [tex.quantize(w[g], wq) for g in range(4)]
     codes = torch.stack([t._data for t in wt]).view(FP8[pair[1]])
     again = tex.grouped_gemm(tex.quantize(x, xq), codes, torch.tensor(sizes, dtype=torch.int32, device=device),
-                             w_scale_inv=torch.cat([t._scale_inv for t in wt]))
+                             w_scale_inv=torch.cat([t._scale_inv for t in wt]), use_split_accumulator=split)
     assert torch.equal(again, out)
 
 

@@ -32,6 +32,7 @@ struct GroupedGemmArgs {
   void* d = nullptr;                    // [m_total, n]
   DType d_dtype = DType::kBFloat16;
   int64_t m_total = 0, n = 0, k = 0, groups = 0;
+  bool fast_accum = false;              // FP8: the tensor cores' reduced-precision accumulation (no promotion)
   void* workspace = nullptr;            // CUDA: grouped_gemm_workspace_bytes(...) bytes, 256-B aligned
   size_t workspace_bytes = 0;
 };

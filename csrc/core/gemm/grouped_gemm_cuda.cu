@@ -30,8 +30,8 @@ CutlassKind cutlass_kind(const GroupedGemmArgs& a) {
     return a.rhs_kn ? CutlassKind::kBf16Kn : CutlassKind::kBf16Nk;
   }
   if (a.rhs_kn || a.rhs_dtype != DType::kFloat8E4M3) return CutlassKind::kNone;
-  if (a.lhs_dtype == DType::kFloat8E4M3) return CutlassKind::kE4m3E4m3Nk;
-  if (a.lhs_dtype == DType::kFloat8E5M2) return CutlassKind::kE5m2E4m3Nk;
+  if (a.lhs_dtype == DType::kFloat8E4M3) return a.fast_accum ? CutlassKind::kE4m3E4m3NkFast : CutlassKind::kE4m3E4m3Nk;
+  if (a.lhs_dtype == DType::kFloat8E5M2) return a.fast_accum ? CutlassKind::kE5m2E4m3NkFast : CutlassKind::kE5m2E4m3Nk;
   return CutlassKind::kNone;
 }
 
@@ -40,7 +40,9 @@ template <class F> auto with_kind(CutlassKind k, F&& f) {
     case CutlassKind::kBf16Nk: return f(Cutlass<CutlassKind::kBf16Nk>{});
     case CutlassKind::kBf16Kn: return f(Cutlass<CutlassKind::kBf16Kn>{});
     case CutlassKind::kE4m3E4m3Nk: return f(Cutlass<CutlassKind::kE4m3E4m3Nk>{});
-    default: return f(Cutlass<CutlassKind::kE5m2E4m3Nk>{});
+    case CutlassKind::kE5m2E4m3Nk: return f(Cutlass<CutlassKind::kE5m2E4m3Nk>{});
+    case CutlassKind::kE4m3E4m3NkFast: return f(Cutlass<CutlassKind::kE4m3E4m3NkFast>{});
+    default: return f(Cutlass<CutlassKind::kE5m2E4m3NkFast>{});
   }
 }
 #endif

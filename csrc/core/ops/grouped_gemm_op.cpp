@@ -95,6 +95,7 @@ GroupedGemmPlan plan_grouped_gemm(const GroupedGemmRequest& r, const ExecCtx& ct
     c.fail_(ErrorKind::kType, "lhs and rhs must be both plain of one type, or both FP8");
   }
   const bool fp8 = is_fp8(ld);
+  a.fast_accum = fp8 && !r.use_split_accumulator;
   if (fp8) {
     if (ld == DType::kFloat8E5M2 && rd == DType::kFloat8E5M2) {
       c.fail_(ErrorKind::kValue, "E5M2 x E5M2 is not a valid FP8 GEMM (SPEC §6.3: at most one E5M2 operand)");

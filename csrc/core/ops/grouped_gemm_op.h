@@ -23,6 +23,7 @@ struct GroupedGemmRequest {
   int64_t rhs_dtype_code = int64_t(DType::kBFloat16);
   bool rhs_kn = false;
   int64_t d_dtype = int64_t(DType::kBFloat16);
+  bool use_split_accumulator = true;  // FP8: promoted (full-precision) accumulation; false: FastAccum (SPEC §6.3)
 };
 
 struct GroupedGemmPlan {

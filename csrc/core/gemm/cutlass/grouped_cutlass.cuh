@@ -23,7 +23,9 @@
 namespace te {
 namespace grouped {
 
-template <class EA, class EB, class LayoutB, bool kFp8> struct CutlassConfig {
+// bf16: 256x128x64 tiles. FP8 FastAccum: 256x128x128. FP8 with promotion keeps a second set of FP32 accumulators,
+// so 128x128x128 tiles (larger ones spill registers).
+template <class EA, class EB, class LayoutB, bool kFp8, bool kFast = false> struct CutlassConfig {
   using ElementA = EA;
   using ElementB = EB;
   using ElementD = cutlass::bfloat16_t;
@@ -33,8 +35,12 @@ template <class EA, class EB, class LayoutB, bool kFp8> struct CutlassConfig {
   static constexpr int kAlignA = 16 / int(sizeof(EA));
   static constexpr int kAlignB = 16 / int(sizeof(EB));
   static constexpr int kAlignD = 8;
-  using TileShape = cute::conditional_t<kFp8, cute::Shape<cute::_256, cute::_128, cute::_128>,
-                                        cute::Shape<cute::_256, cute::_128, cute::_64>>;
+  using TileShape = cute::conditional_t<
+      kFp8, cute::conditional_t<kFast, cute::Shape<cute::_256, cute::_128, cute::_128>,
+                                cute::Shape<cute::_128, cute::_128, cute::_128>>,
+      cute::Shape<cute::_256, cute::_128, cute::_64>>;
+  using KernelSchedule = cute::conditional_t<kFast, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum,
+                                             cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
   using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -45,7 +51,7 @@ template <class EA, class EB, class LayoutB, bool kFp8> struct CutlassConfig {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EA, LayoutA*, kAlignA, EB, LayoutB*, kAlignB, float,
       TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+      KernelSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::InternalStrideA;
@@ -173,10 +179,10 @@ template <class C, bool kFp8> void cutlass_run(const char* name, const GroupedGe
 }  // namespace te
 
 // The Cutlass<K> members of one kind, in the translation unit that instantiates it.
-#define TE_GROUPED_CUTLASS_KIND(K, EA, EB, LAYOUT_B, FP8, NAME)                                                  \
+#define TE_GROUPED_CUTLASS_KIND(K, EA, EB, LAYOUT_B, FP8, FAST, NAME)                                            \
   namespace te {                                                                                                 \
   namespace grouped {                                                                                            \
-  using Config##K = CutlassConfig<EA, EB, LAYOUT_B, FP8>;                                                         \
+  using Config##K = CutlassConfig<EA, EB, LAYOUT_B, FP8, FAST>;                                                  \
   template <> const char* Cutlass<CutlassKind::K>::name() { return NAME; }                                       \
   template <> size_t Cutlass<CutlassKind::K>::workspace(const GroupedGemmArgs& a, int sms) {                     \
     return cutlass_workspace<Config##K, FP8>(a, sms);                                                            \

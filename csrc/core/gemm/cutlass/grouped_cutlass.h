@@ -11,7 +11,11 @@ namespace te {
 namespace grouped {
 
 // Operands and rhs layout a CUTLASS kernel covers; D is bf16 in every one.
-enum class CutlassKind : int { kNone = 0, kBf16Nk, kBf16Kn, kE4m3E4m3Nk, kE5m2E4m3Nk };
+// FP8 kinds come in two accumulations: promoted to FP32 every few K steps (SPEC §6.3's split accumulator), or
+// FastAccum (the tensor cores' own).
+enum class CutlassKind : int {
+  kNone = 0, kBf16Nk, kBf16Kn, kE4m3E4m3Nk, kE5m2E4m3Nk, kE4m3E4m3NkFast, kE5m2E4m3NkFast
+};
 
 template <CutlassKind K> struct Cutlass {
   static const char* name();
