@@ -14,6 +14,7 @@ from .recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, F
                      update_quantizer_set)
 from .dense import dense
 from .mlp import mlp
+from .grouped_dense import grouped_dense
 
 
 def __getattr__(name):

@@ -72,17 +72,21 @@ def _rhs(rhs, quantizer, groups_hint: int):
     return jnp.asarray(rhs), jnp.zeros((0,), jnp.float32)
 
 
-def _contracting(contracting_dims, rhs_ndim: int) -> bool:
-    """Whether rhs is [G, K, N] (its K at dim 1) rather than [G, N, K]; lhs contracts its last dim."""
+def _contracting(contracting_dims, rhs_ndim: int) -> str:
+    """'NK' (rhs [G, N, K]), 'KN' (rhs [G, K, N]) or 'wgrad' (lhs [M_total, N] and rhs [M_total, K] contracted over
+    their grouped rows)."""
     try:
         (lc,), (rc,) = contracting_dims
     except (TypeError, ValueError):
         raise ValueError(f"tej.grouped_gemm: contracting_dims must be ((lhs dim,), (rhs dim,)), got "
                          f"{contracting_dims!r}") from None
+    if rhs_ndim == 2 and int(lc) % 2 == 0 and int(rc) % 2 == 0:
+        return "wgrad"
     if int(lc) % 2 != 1 or rhs_ndim != 3 or int(rc) % 3 not in (1, 2):
         raise ValueError(f"tej.grouped_gemm: contracting_dims {contracting_dims} must contract lhs [M_total, K]'s "
-                         f"last dim and rhs's dim 1 ([G, K, N]) or 2 ([G, N, K]) of a 3-D rhs")
-    return int(rc) % 3 == 1
+                         f"last dim and rhs's dim 1 ([G, K, N]) or 2 ([G, N, K]) of a 3-D rhs, or both operands' "
+                         f"grouped rows (((0,), (0,)), a 2-D rhs: the weight gradient)")
+    return "KN" if int(rc) % 3 == 1 else "NK"
 
 
 def _likely_cpu() -> bool:
@@ -102,10 +106,16 @@ def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quant
     cores' faster, less precise FP8 accumulation (SPEC §6.3). The output is the operands' dtype (bf16 for FP8)
     unless `out_dtype` is given. Shapes and every rule are checked at trace time by the core's planner."""
     _register()
-    rhs_ndim = len(rhs.shape)
-    rhs_kn = _contracting(contracting_dims, rhs_ndim)
+    form = _contracting(contracting_dims, len(rhs.shape))
+    rhs_kn, wgrad = form == "KN", form == "wgrad"
     lhs_data, lhs_scale, nominal = _lhs(lhs, lhs_quantizer)
-    rhs_data, rhs_scale = _rhs(rhs, rhs_quantizer, rhs.shape[0])
+    if wgrad:
+        if rhs_quantizer is not None or isinstance(rhs, ScaledTensor) or lhs_scale.shape[0] > 0:
+            raise NotImplementedError("tej.grouped_gemm: not yet supported: FP8 operands in the weight-gradient "
+                                      "form (contracting the grouped rows); pass the bf16 dy and x")
+        rhs_data, rhs_scale = jnp.asarray(rhs), jnp.zeros((0,), jnp.float32)
+    else:
+        rhs_data, rhs_scale = _rhs(rhs, rhs_quantizer, rhs.shape[0])
     group_sizes = jnp.asarray(group_sizes)
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         raise TypeError(f"tej.grouped_gemm: group_sizes must be an integer array [G], got {group_sizes.dtype}")
@@ -123,9 +133,9 @@ def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quant
     # rule only it breaks (CUDA's alignment) raises from its handler if the call does run there.
     split = bool(use_split_accumulator)
     primary, other = ("cpu", "cuda") if _likely_cpu() else ("cuda", "cpu")
-    plans = {primary: _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], primary == "cuda", split)}
+    plans = {primary: _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], primary == "cuda", split, wgrad)}
     try:
-        plans[other] = _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], other == "cuda", split)
+        plans[other] = _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], other == "cuda", split, wgrad)
     except (ValueError, NotImplementedError):
         plans[other] = None
 
@@ -134,7 +144,8 @@ def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quant
         results = [jax.ShapeDtypeStruct(tuple(p["out"][0]), _DTYPE[p["out"][1]]),
                    jax.ShapeDtypeStruct((p["workspace_bytes"],), jnp.uint8)]
         return lambda *args: jax.ffi.ffi_call(_TARGET, results)(*args, rhs_kn=np.bool_(rhs_kn),
-                                                                 use_split_accumulator=np.bool_(split))[0]
+                                                                 use_split_accumulator=np.bool_(split),
+                                                                 wgrad=np.bool_(wgrad))[0]
 
     return jax.lax.platform_dependent(*inputs, cpu=call("cpu"), cuda=call("cuda"))
 

@@ -10,6 +10,7 @@ import torch
 
 from . import _C
 from ._activation_table import GATED_CODES
+from .dtypes import to_torch_dtype
 
 # Quantizer kind "none" (SPEC §1.4): plain output. Each format module (formats/) names its own kinds and registers
 # the fake outputs of each (`register_fake_outputs`).
@@ -169,8 +170,10 @@ def _gemm_fake(A, A_scale_inv, A_dtype, transA, B, B_scale_inv, B_dtype, transB,
 
 @torch.library.register_fake("te::grouped_gemm")
 def _grouped_gemm_fake(lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv, lhs_dtype, rhs_dtype, rhs_kn, out_dtype,
-                       *rest):
+                       use_split_accumulator=True, wgrad=False):
     _one_device("grouped_gemm", lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv)
-    from .dtypes import to_torch_dtype
-    n = rhs.shape[2] if rhs_kn else rhs.shape[1]
-    return lhs.new_empty((lhs.shape[0], n), dtype=to_torch_dtype(out_dtype))
+    if wgrad:
+        shape = (group_sizes.shape[0], lhs.shape[1], rhs.shape[1])
+    else:
+        shape = (lhs.shape[0], rhs.shape[2] if rhs_kn else rhs.shape[1])
+    return lhs.new_empty(shape, dtype=to_torch_dtype(out_dtype))

@@ -495,17 +495,37 @@ def grouped_gemm(x, w, group_sizes=None, *, offsets=None, w_layout="NK", x_scale
         raise ValueError("grouped_gemm: give exactly one of group_sizes and offsets")
     lhs, lhs_s, lhs_code = _grouped_operand("x", x, x_scale_inv, x_quantizer)
     rhs, rhs_s, rhs_code = _grouped_weights(w, w_scale_inv, w_quantizer)
-    sizes = group_sizes if offsets is None else torch.diff(offsets, prepend=offsets.new_zeros(1))
-    if not isinstance(sizes, torch.Tensor) or sizes.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"grouped_gemm: {'group_sizes' if offsets is None else 'offsets'} must be an int32 or int64 "
-                        f"tensor on x's device, got {type(sizes).__name__ if not isinstance(sizes, torch.Tensor) else sizes.dtype}")
-    sizes = sizes.to(torch.int32).contiguous()
+    sizes = _group_sizes(group_sizes, offsets)
     if out_dtype is None:
         out_dtype = x.dtype if isinstance(x, torch.Tensor) and x.dtype in _PLAIN_CODES and not \
             isinstance(x, QuantizedTensor) else torch.bfloat16
     out_code = int(as_dtype(out_dtype, "grouped_gemm out_dtype"))
     return call(_GROUPED, (lhs, rhs, sizes, lhs_s, rhs_s, lhs_code, rhs_code, w_layout == "KN", out_code,
                            bool(use_split_accumulator)))
+
+
+def _group_sizes(group_sizes, offsets):
+    if (group_sizes is None) == (offsets is None):
+        raise ValueError("grouped_gemm: give exactly one of group_sizes and offsets")
+    sizes = group_sizes if offsets is None else torch.diff(offsets, prepend=offsets.new_zeros(1))
+    if not isinstance(sizes, torch.Tensor) or sizes.dtype not in (torch.int32, torch.int64):
+        what = type(sizes).__name__ if not isinstance(sizes, torch.Tensor) else sizes.dtype
+        raise TypeError(f"grouped_gemm: {'group_sizes' if offsets is None else 'offsets'} must be an int32 or int64 "
+                        f"tensor on x's device, got {what}")
+    return sizes.to(torch.int32).contiguous()
+
+
+def grouped_gemm_wgrad(dy, x, group_sizes=None, *, offsets=None, out_dtype=None):
+    """The weight gradient of a grouped layer, with the group sizes on the device: dw[g] = dy[rows of g]ᵀ · x[rows of g]
+    for dy [M_total, N] and x [M_total, K] (bf16 / fp16 / fp32, one dtype) → dw [G, N, K] (zeros for an empty group),
+    the [G, N, K] layout `grouped_gemm` takes. Same size rules and arguments as `grouped_gemm`."""
+    for name, t in (("dy", dy), ("x", x)):
+        if not isinstance(t, torch.Tensor) or isinstance(t, QuantizedTensor) or t.dtype not in _PLAIN_CODES:
+            raise TypeError(f"grouped_gemm_wgrad: {name} must be a bf16, fp16 or fp32 tensor, got {_describe(t)}")
+    sizes = _group_sizes(group_sizes, offsets)
+    out_code = int(as_dtype(out_dtype if out_dtype is not None else dy.dtype, "grouped_gemm_wgrad out_dtype"))
+    return call(_GROUPED, (dy, x, sizes, None, None, _PLAIN_CODES[dy.dtype], _PLAIN_CODES[x.dtype], False, out_code,
+                           True, True))
 
 
 def get_cublasLt_version() -> int:
@@ -519,4 +539,5 @@ def get_num_cublas_streams() -> int:
 
 
 __all__ = ["generic_gemm", "general_gemm", "te_general_grouped_gemm", "general_grouped_gemm", "grouped_gemm",
+           "grouped_gemm_wgrad",
            "get_cublasLt_version", "get_num_cublas_streams"]

@@ -1,14 +1,15 @@
 // XLA FFI handler of the grouped GEMM: te_grouped_gemm. The group sizes are an ordinary device buffer the kernels
 // read (csrc/core/gemm/grouped_gemm.h), so the call is command-buffer compatible and never syncs.
 //   args     lhs rhs group_sizes lhs_scale_inv rhs_scale_inv   (grouped_gemm.h)
-//   results  out [m_total, n]; workspace (uint8, aligned up to 256 B here: the problem table and the kernel's own)
-//   attrs    rhs_kn (rhs is [groups, k, n]), use_split_accumulator (FP8: promoted accumulation; false: FastAccum)
+//   results  out [m_total, n] (wgrad: [groups, n, k]); workspace (uint8, aligned up to 256 B here: the problem table and the kernel's own)
+//   attrs    rhs_kn (rhs is [groups, k, n]), use_split_accumulator (FP8: promoted accumulation; false: FastAccum),
+//            wgrad (the weight-gradient form: rhs [m_total, k], out [groups, n, k])
 #include "grouped_gemm.h"
 
 namespace te_jax {
 
 te::ops::GroupedGemmRequest grouped_gemm_request(const GroupedGemmInputs& in, bool rhs_kn, bool use_split_accumulator,
-                                                 te::DType out_dtype) {
+                                                 bool wgrad, te::DType out_dtype) {
   const auto present = [](const te::ops::TensorView& v, bool p) {
     te::ops::GemmBuffer b;
     b.present = p;
@@ -27,6 +28,7 @@ te::ops::GroupedGemmRequest grouped_gemm_request(const GroupedGemmInputs& in, bo
   r.rhs_dtype_code = int64_t(in.rhs.dtype);
   r.rhs_kn = rhs_kn;
   r.use_split_accumulator = use_split_accumulator;
+  r.wgrad = wgrad;
   r.d_dtype = int64_t(out_dtype);
   return r;
 }
@@ -37,13 +39,14 @@ using Buf = ffi::AnyBuffer;
 using Ret = ffi::Result<ffi::AnyBuffer>;
 
 ffi::Error grouped_gemm(const te::ops::ExecCtx& ctx, Buf lhs, Buf rhs, Buf group_sizes, Buf lhs_scale_inv,
-                        Buf rhs_scale_inv, Ret out, Ret workspace, bool rhs_kn, bool use_split_accumulator) {
+                        Buf rhs_scale_inv, Ret out, Ret workspace, bool rhs_kn, bool use_split_accumulator,
+                        bool wgrad) {
   return guarded([&] {
     const char* op = kGroupedGemmOp;
     const GroupedGemmInputs in{view_of(lhs, op, "lhs"), view_of(rhs, op, "rhs"), view_of(group_sizes, op, "group_sizes"),
                                view_of(lhs_scale_inv, op, "lhs_scale_inv"), view_of(rhs_scale_inv, op, "rhs_scale_inv")};
     const te::ops::TensorView d = view_of(*out, op, "out");
-    te::ops::GroupedGemmRequest r = grouped_gemm_request(in, rhs_kn, use_split_accumulator, d.dtype);
+    te::ops::GroupedGemmRequest r = grouped_gemm_request(in, rhs_kn, use_split_accumulator, wgrad, d.dtype);
     r.d.present = true;
     r.d.v = d;
     const te::ops::GroupedGemmPlan plan = te::ops::plan_grouped_gemm(r, ctx);
@@ -64,7 +67,8 @@ ffi::Error grouped_gemm(const te::ops::ExecCtx& ctx, Buf lhs, Buf rhs, Buf group
 #define TE_RET .template Ret<Buf>()
 template <class B> auto grouped_gemm_binding(B b) {
   return std::move(b) TE_ARG TE_ARG TE_ARG TE_ARG TE_ARG TE_RET TE_RET.template Attr<bool>("rhs_kn")
-      .template Attr<bool>("use_split_accumulator");
+      .template Attr<bool>("use_split_accumulator")
+      .template Attr<bool>("wgrad");
 }
 #undef TE_RET
 #undef TE_ARG

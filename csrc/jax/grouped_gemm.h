@@ -15,7 +15,9 @@ struct GroupedGemmInputs {
   te::ops::TensorView lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv;
 };
 
+// rhs_kn: rhs is [groups, k, n]; wgrad: the weight-gradient form (lhs [m_total, n], rhs [m_total, k], out
+// [groups, n, k]).
 te::ops::GroupedGemmRequest grouped_gemm_request(const GroupedGemmInputs& in, bool rhs_kn, bool use_split_accumulator,
-                                                 te::DType out_dtype);
+                                                 bool wgrad, te::DType out_dtype);
 
 }  // namespace te_jax

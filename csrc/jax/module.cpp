@@ -152,16 +152,17 @@ py::dict plan_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& 
 // The plan of one te_grouped_gemm call (grouped_gemm.h): {"out": (shape, dtype code), "workspace_bytes": n,
 // "kernel": what runs it}. `inputs`: (shape, dtype code) of lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv.
 py::dict plan_grouped_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& inputs, bool rhs_kn,
-                           int64_t out_dtype, bool cuda, bool use_split_accumulator) {
+                           int64_t out_dtype, bool cuda, bool use_split_accumulator, bool wgrad) {
   const std::vector<te::ops::TensorView> v =
       plan_views(inputs, 5, kGroupedGemmOp, "plan_grouped_gemm takes 5 inputs (lhs, rhs, group_sizes, "
                                             "lhs_scale_inv, rhs_scale_inv)");
   const te::ops::ExecCtx ctx = plan_ctx(cuda);
-  const te::ops::GroupedGemmRequest r = grouped_gemm_request({v[0], v[1], v[2], v[3], v[4]}, rhs_kn, use_split_accumulator,
+  const te::ops::GroupedGemmRequest r = grouped_gemm_request({v[0], v[1], v[2], v[3], v[4]}, rhs_kn, use_split_accumulator, wgrad,
                                                              te::DType(out_dtype));
   const te::ops::GroupedGemmPlan plan = te::ops::plan_grouped_gemm(r, ctx, /*plan_outputs=*/true);
   py::dict d;
-  d["out"] = py::make_tuple(std::vector<int64_t>(plan.d_shape.dims, plan.d_shape.dims + 2), int(plan.d_dtype));
+  d["out"] = py::make_tuple(std::vector<int64_t>(plan.d_shape.dims, plan.d_shape.dims + plan.d_shape.ndim),
+                            int(plan.d_dtype));
   d["workspace_bytes"] = plan.workspace_bytes;
   d["kernel"] = std::string(te::ops::grouped_gemm_kernel(plan));
   return d;
@@ -217,7 +218,7 @@ PYBIND11_MODULE(_ffi, m) {
   m.def("cuda_targets", &te_jax::cuda_targets);
   m.def("plan_gemm", &te_jax::plan_gemm, py::arg("inputs"), py::arg("out_dtype"), py::arg("attrs"), py::arg("cuda"));
   m.def("plan_grouped_gemm", &te_jax::plan_grouped_gemm, py::arg("inputs"), py::arg("rhs_kn"), py::arg("out_dtype"),
-        py::arg("cuda"), py::arg("use_split_accumulator") = true);
+        py::arg("cuda"), py::arg("use_split_accumulator") = true, py::arg("wgrad") = false);
   m.def("plan_act", &te_jax::plan_act, py::arg("op"), py::arg("act"), py::arg("backward"), py::arg("with_dbias"),
         py::arg("x_shape"), py::arg("x_dtype"), py::arg("grad_shape"), py::arg("quantizer"), py::arg("cuda"));
 #if defined(TE_WITH_CUDA)

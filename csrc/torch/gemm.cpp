@@ -165,7 +165,7 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
 Tensor grouped_gemm(const Tensor& lhs_in, const Tensor& rhs_in, const Tensor& group_sizes,
                     const c10::optional<Tensor>& lhs_scale_inv, const c10::optional<Tensor>& rhs_scale_inv,
                     int64_t lhs_dtype, int64_t rhs_dtype, bool rhs_kn, int64_t out_dtype,
-                    bool use_split_accumulator) {
+                    bool use_split_accumulator, bool wgrad) {
   constexpr const char* op = "grouped_gemm";
   Tensor out;
   with_torch_errors([&] {
@@ -192,6 +192,7 @@ Tensor grouped_gemm(const Tensor& lhs_in, const Tensor& rhs_in, const Tensor& gr
     r.rhs_kn = rhs_kn;
     r.d_dtype = out_dtype;
     r.use_split_accumulator = use_split_accumulator;
+    r.wgrad = wgrad;
 #if defined(TE_WITH_CUDA)
     const c10::cuda::OptionalCUDAGuard guard(lhs.is_cuda() ? c10::optional<c10::Device>(lhs.device()) : c10::nullopt);
 #endif
@@ -200,7 +201,7 @@ Tensor grouped_gemm(const Tensor& lhs_in, const Tensor& rhs_in, const Tensor& gr
     const at::ScalarType st = plan.d_dtype == te::DType::kFloat32   ? at::kFloat
                               : plan.d_dtype == te::DType::kFloat16 ? at::kHalf
                                                                      : at::kBFloat16;
-    out = new_empty_in_guard({plan.d_shape.dims[0], plan.d_shape.dims[1]}, lhs.options().dtype(st));
+    out = new_empty_in_guard(c10::IntArrayRef(plan.d_shape.dims, size_t(plan.d_shape.ndim)), lhs.options().dtype(st));
     Tensor ws;
     te::ops::GroupedGemmIO io;
     if (plan.workspace_bytes > 0) {

@@ -79,7 +79,9 @@ TORCH_LIBRARY(te, m) {
   // Grouped GEMM with the group sizes on the device (csrc/core/ops/grouped_gemm_op.h): lhs [m_total, k], rhs
   // [groups, n, k] (rhs_kn: [groups, k, n]), group_sizes int32 [groups] -> out [m_total, n] of DType out_dtype. FP8
   // operands: codes with lhs_scale_inv [1] and rhs_scale_inv [groups]; use_split_accumulator=False: FastAccum.
+  // wgrad: the weight-gradient form, lhs [m_total, n] (dy), rhs [m_total, k] (x) -> out [groups, n, k].
   def_op(m, "grouped_gemm(Tensor lhs, Tensor rhs, Tensor group_sizes, Tensor? lhs_scale_inv, Tensor? rhs_scale_inv, "
-            "int lhs_dtype, int rhs_dtype, bool rhs_kn, int out_dtype, bool use_split_accumulator=True) -> Tensor");
+            "int lhs_dtype, int rhs_dtype, bool rhs_kn, int out_dtype, bool use_split_accumulator=True, "
+            "bool wgrad=False) -> Tensor");
   m.def("cublaslt_version() -> int");
 }

@@ -9,6 +9,9 @@
 // counts as 0 and sizes summing past m_total are cut at m_total (the groups past it get no rows); the rows past the
 // last group's end are written as zeros. These are rules, not errors, because the sizes are only known on the device.
 // FP8 per-tensor operands: lhs has one scale_inv [1], rhs one per group [groups]; d = (lhs·rhs[g]ᵀ)·s_lhs·s_rhs[g].
+//
+// The weight-gradient form (wgrad) contracts the grouped rows instead: lhs [m_total, n] (dy), rhs [m_total, k] (x),
+// d [groups, n, k] with d[g] = lhs[rows of g]ᵀ · rhs[rows of g] (zeros for a group without rows); plain operands only.
 // Invariant: the CPU kernel and the CUDA launcher read the same args and the same rules; the user-facing checks live
 // in the op above (ops/grouped_gemm_op.h).
 #pragma once
@@ -26,6 +29,7 @@ struct GroupedGemmArgs {
   const void* rhs = nullptr;            // [groups, n, k] or [groups, k, n] (rhs_kn)
   DType rhs_dtype = DType::kBFloat16;
   bool rhs_kn = false;
+  bool wgrad = false;                   // the weight-gradient form above: rhs [m_total, k], d [groups, n, k]
   const float* lhs_scale_inv = nullptr; // FP8: [1]
   const float* rhs_scale_inv = nullptr; // FP8: [groups]
   const int32_t* group_sizes = nullptr; // [groups], on the operands' device

@@ -7,11 +7,43 @@
 
 namespace te {
 
+namespace {
+
+// d[e] = lhs[rows of e]ᵀ · rhs[rows of e]: D [n, k] = op(B)·op(A) with B = lhs rows [rows, n] transposed and
+// A = rhs rows [rows, k] (gemm.h); a group without rows gives zeros (k = 0 in the GEMM).
+void grouped_wgrad_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf, size_t elt, size_t d_elt) {
+  int64_t row = 0;
+  for (int64_t e = 0; e < g.groups; ++e) {
+    const int64_t begin = std::min(row, g.m_total);
+    const int64_t end = std::min(row + grouped_gemm_clamp_size(g.group_sizes[e]), g.m_total);
+    row = end;
+    GemmArgs a;
+    a.b.data = static_cast<const char*>(g.lhs) + size_t(begin) * size_t(g.n) * elt;
+    a.b.rows = end - begin;
+    a.b.cols = g.n;
+    a.b.dtype = g.lhs_dtype;
+    a.b.trans = true;
+    a.a.data = static_cast<const char*>(g.rhs) + size_t(begin) * size_t(g.k) * elt;
+    a.a.rows = end - begin;
+    a.a.cols = g.k;
+    a.a.dtype = g.rhs_dtype;
+    a.d = static_cast<char*>(g.d) + size_t(e) * size_t(g.n) * size_t(g.k) * d_elt;
+    a.d_dtype = g.d_dtype;
+    gemm_cpu(a, pf);
+  }
+}
+
+}  // namespace
+
 void grouped_gemm_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf) {
   const size_t d_elt = g.d_dtype == DType::kFloat32 ? 4 : 2;
   const size_t lhs_elt = gemm_is_fp8(g.lhs_dtype) ? 1 : (g.lhs_dtype == DType::kFloat32 ? 4 : 2);
   const size_t rhs_elt = gemm_is_fp8(g.rhs_dtype) ? 1 : (g.rhs_dtype == DType::kFloat32 ? 4 : 2);
   const bool fp8 = gemm_is_fp8(g.lhs_dtype);
+  if (g.wgrad) {
+    grouped_wgrad_cpu(g, pf, lhs_elt, d_elt);
+    return;
+  }
   int64_t row = 0;
   for (int64_t e = 0; e < g.groups; ++e) {
     const int64_t begin = std::min(row, g.m_total);

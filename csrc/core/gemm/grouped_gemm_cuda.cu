@@ -26,6 +26,10 @@ constexpr int kMaxSms = 256;
 #if defined(TE_WITH_CUTLASS)
 CutlassKind cutlass_kind(const GroupedGemmArgs& a) {
   if (a.d_dtype != DType::kBFloat16) return CutlassKind::kNone;
+  if (a.wgrad) {
+    const bool bf16 = a.lhs_dtype == DType::kBFloat16 && a.rhs_dtype == DType::kBFloat16;
+    return bf16 ? CutlassKind::kBf16Wgrad : CutlassKind::kNone;
+  }
   if (a.lhs_dtype == DType::kBFloat16 && a.rhs_dtype == DType::kBFloat16) {
     return a.rhs_kn ? CutlassKind::kBf16Kn : CutlassKind::kBf16Nk;
   }
@@ -42,6 +46,7 @@ template <class F> auto with_kind(CutlassKind k, F&& f) {
     case CutlassKind::kE4m3E4m3Nk: return f(Cutlass<CutlassKind::kE4m3E4m3Nk>{});
     case CutlassKind::kE5m2E4m3Nk: return f(Cutlass<CutlassKind::kE5m2E4m3Nk>{});
     case CutlassKind::kE4m3E4m3NkFast: return f(Cutlass<CutlassKind::kE4m3E4m3NkFast>{});
+    case CutlassKind::kBf16Wgrad: return f(Cutlass<CutlassKind::kBf16Wgrad>{});
     default: return f(Cutlass<CutlassKind::kE5m2E4m3NkFast>{});
   }
 }
@@ -116,6 +121,47 @@ __global__ void __launch_bounds__(kThreads) portable_kernel(GroupedGemmArgs a, i
   }
 }
 
+// wgrad: d[g] tile [64 x 64] of [n, k] = Σ over the group's rows of lhs[row, n-tile]ᵀ · rhs[row, k-tile].
+__global__ void __launch_bounds__(kThreads) portable_wgrad_kernel(GroupedGemmArgs a, int64_t k_tiles) {
+  __shared__ float ys[kDepth][kTile + 1];  // lhs (dy) rows, n along the tile
+  __shared__ float xs[kDepth][kTile + 1];  // rhs (x) rows, k along the tile
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const int64_t g = blockIdx.y;
+  int64_t first = 0;
+  for (int64_t h = 0; h < g; ++h) first = std::min(first + grouped_gemm_clamp_size(a.group_sizes[h]), a.m_total);
+  const int64_t end = std::min(first + grouped_gemm_clamp_size(a.group_sizes[g]), a.m_total);
+  const int64_t n0 = (blockIdx.x / k_tiles) * kTile, k0 = (blockIdx.x % k_tiles) * kTile;
+  float acc[4][4] = {};
+  for (int64_t r0 = first; r0 < end; r0 += kDepth) {
+    for (int i = threadIdx.x; i < kDepth * kTile; i += kThreads) {
+      const int rr = i / kTile, cc = i % kTile;
+      const int64_t r = r0 + rr;
+      ys[rr][cc] = (r < end && n0 + cc < a.n) ? load_operand(a.lhs, r * a.n + n0 + cc, a.lhs_dtype) : 0.0f;
+      xs[rr][cc] = (r < end && k0 + cc < a.k) ? load_operand(a.rhs, r * a.k + k0 + cc, a.rhs_dtype) : 0.0f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int rr = 0; rr < kDepth; ++rr) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(ys[rr][ty * 4 + i], xs[rr][tx * 4 + j], acc[i][j]);
+      }
+    }
+    __syncthreads();
+  }
+  void* d = static_cast<char*>(a.d) + size_t(g) * size_t(a.n) * size_t(a.k) * (a.d_dtype == DType::kFloat32 ? 4 : 2);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t n = n0 + ty * 4 + i;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t k = k0 + tx * 4 + j;
+      if (n < a.n && k < a.k) gemm_store(d, n * a.k + k, a.d_dtype, acc[i][j]);
+    }
+  }
+}
+
 struct NoTable {
   __device__ void operator()(int64_t, int64_t, int64_t) const {}
 };
@@ -123,6 +169,14 @@ struct NoTable {
 void run_portable(const GroupedGemmArgs& a, cudaStream_t stream) {
   setup_kernel<<<kSetupBlocks, kSetupThreads, 0, stream>>>(a, NoTable{});
   act_cuda::check_launch("grouped_gemm setup");
+  if (a.wgrad) {
+    if (a.groups == 0 || a.n == 0 || a.k == 0) return;
+    const int64_t k_tiles = (a.k + kTile - 1) / kTile;
+    portable_wgrad_kernel<<<dim3(unsigned(((a.n + kTile - 1) / kTile) * k_tiles), unsigned(a.groups)), kThreads, 0,
+                            stream>>>(a, k_tiles);
+    act_cuda::check_launch("grouped_gemm portable wgrad kernel");
+    return;
+  }
   if (a.groups == 0 || a.m_total == 0 || a.n == 0) return;
   const int64_t col_tiles = (a.n + kTile - 1) / kTile;
   const int64_t jobs = ((a.m_total + kTile - 1) / kTile + a.groups) * col_tiles;  // an upper bound on the tiles

@@ -57,7 +57,7 @@ std::string describe(const GroupedGemmRequest& r, const ExecCtx& ctx) {
                c >= 0 && c <= 10 ? std::string(dtype_short_name(static_cast<DType>(c))) : "?");
   };
   return msg(one("lhs", r.lhs, r.lhs_dtype_code), ", ", one("rhs", r.rhs, r.rhs_dtype_code),
-             r.rhs_kn ? " ([groups, k, n])" : " ([groups, n, k])", ", group_sizes ", shape_str(r.group_sizes.v.shape),
+             r.wgrad ? " (wgrad)" : (r.rhs_kn ? " ([groups, k, n])" : " ([groups, n, k])"), ", group_sizes ", shape_str(r.group_sizes.v.shape),
              " ", dtype_name(r.group_sizes.v.dtype), ", on ", device_str(ctx), " (", arch_name(ctx), ")");
 }
 
@@ -65,8 +65,9 @@ std::string describe(const GroupedGemmRequest& r, const ExecCtx& ctx) {
 
 GroupedGemmPlan plan_grouped_gemm(const GroupedGemmRequest& r, const ExecCtx& ctx, bool plan_outputs) {
   const Checker c{r, ctx, describe(r, ctx)};
-  const DType ld = c.operand(r.lhs, r.lhs_dtype_code, "lhs", 2, "[m_total, k]");
-  const DType rd = c.operand(r.rhs, r.rhs_dtype_code, "rhs", 3, r.rhs_kn ? "[groups, k, n]" : "[groups, n, k]");
+  const DType ld = c.operand(r.lhs, r.lhs_dtype_code, "lhs", 2, r.wgrad ? "[m_total, n]" : "[m_total, k]");
+  const DType rd = r.wgrad ? c.operand(r.rhs, r.rhs_dtype_code, "rhs", 2, "[m_total, k]")
+                           : c.operand(r.rhs, r.rhs_dtype_code, "rhs", 3, r.rhs_kn ? "[groups, k, n]" : "[groups, n, k]");
   const Shape& ls = r.lhs.v.shape;
   const Shape& rs = r.rhs.v.shape;
   GroupedGemmPlan pl;
@@ -76,19 +77,32 @@ GroupedGemmPlan plan_grouped_gemm(const GroupedGemmRequest& r, const ExecCtx& ct
   a.lhs_dtype = ld;
   a.rhs_dtype = rd;
   a.rhs_kn = r.rhs_kn;
+  a.wgrad = r.wgrad;
   a.m_total = ls.dims[0];
-  a.k = ls.dims[1];
-  a.groups = rs.dims[0];
-  a.n = r.rhs_kn ? rs.dims[2] : rs.dims[1];
-  const int64_t rhs_k = r.rhs_kn ? rs.dims[1] : rs.dims[2];
-  if (rhs_k != a.k) {
-    c.fail_(ErrorKind::kValue, msg("the contracting dims differ: lhs has k = ", str(a.k), ", rhs ", str(rhs_k)));
+  if (r.wgrad) {
+    // d[g] [n, k] = lhs rowsᵀ · rhs rows: the grouped rows are the contraction, so both operands have m_total rows.
+    a.n = ls.dims[1];
+    a.k = rs.dims[1];
+    a.groups = r.group_sizes.v.shape.ndim == 1 ? r.group_sizes.v.shape.dims[0] : -1;
+    if (rs.dims[0] != a.m_total) {
+      c.fail_(ErrorKind::kValue, msg("the contracting (grouped row) dims differ: lhs has ", str(a.m_total),
+                                     " rows, rhs ", str(rs.dims[0])));
+    }
+  } else {
+    a.k = ls.dims[1];
+    a.groups = rs.dims[0];
+    a.n = r.rhs_kn ? rs.dims[2] : rs.dims[1];
+    const int64_t rhs_k = r.rhs_kn ? rs.dims[1] : rs.dims[2];
+    if (rhs_k != a.k) {
+      c.fail_(ErrorKind::kValue, msg("the contracting dims differ: lhs has k = ", str(a.k), ", rhs ", str(rhs_k)));
+    }
   }
   const GemmBuffer& gs = r.group_sizes;
   if (!gs.present || !gs.contiguous || gs.v.dtype != DType::kInt32 || gs.v.shape.ndim != 1 ||
       gs.v.shape.dims[0] != a.groups) {
-    c.fail_(ErrorKind::kValue, msg("group_sizes must be a contiguous int32 [", str(a.groups),
-                                   "] (one size per group of rhs)"));
+    c.fail_(ErrorKind::kValue, r.wgrad ? std::string("group_sizes must be a contiguous 1-D int32 tensor")
+                                       : msg("group_sizes must be a contiguous int32 [", str(a.groups),
+                                             "] (one size per group of rhs)"));
   }
   // Formats (SPEC §6.3): plain operands of one type, or an FP8 pair that is not E5M2 x E5M2, TN only.
   if (is_fp8(ld) != is_fp8(rd) || (!is_fp8(ld) && ld != rd)) {
@@ -96,6 +110,11 @@ GroupedGemmPlan plan_grouped_gemm(const GroupedGemmRequest& r, const ExecCtx& ct
   }
   const bool fp8 = is_fp8(ld);
   a.fast_accum = fp8 && !r.use_split_accumulator;
+  if (fp8 && r.wgrad) {
+    c.fail_(ErrorKind::kNotImplemented, "not yet supported: FP8 operands in the grouped weight-gradient form (its "
+                                        "contraction runs along the grouped rows, which FP8's TN-only tensor cores "
+                                        "cannot split at arbitrary row offsets); pass the bf16 dy and x");
+  }
   if (fp8) {
     if (ld == DType::kFloat8E5M2 && rd == DType::kFloat8E5M2) {
       c.fail_(ErrorKind::kValue, "E5M2 x E5M2 is not a valid FP8 GEMM (SPEC §6.3: at most one E5M2 operand)");
@@ -111,13 +130,21 @@ GroupedGemmPlan plan_grouped_gemm(const GroupedGemmRequest& r, const ExecCtx& ct
   if (!is_plain(dd)) c.fail_(ErrorKind::kType, msg("the output must be bf16, fp16 or fp32, got ", dtype_short_name(dd)));
   a.d_dtype = dd;
   // Alignment (SPEC §6.5) on CUDA: every group's rows start 16-B aligned in lhs and out, as TMA needs.
-  if (ctx.cuda && ((a.k * elt_bytes(ld)) % 16 != 0 || (a.n * elt_bytes(dd)) % 16 != 0)) {
+  if (ctx.cuda && ((a.k * elt_bytes(ld)) % 16 != 0 || (a.n * elt_bytes(dd)) % 16 != 0 ||
+                   (a.wgrad && (a.n * elt_bytes(ld)) % 16 != 0))) {
     c.fail_(ErrorKind::kValue, msg("on CUDA, k·", str(elt_bytes(ld)), " B and n·", str(elt_bytes(dd)),
                                    " B must be multiples of 16 B (k = ", str(a.k), ", n = ", str(a.n),
                                    "): each group's rows must start 16-byte aligned"));
   }
   pl.d_dtype = dd;
-  pl.d_shape = Shape::of(a.m_total, a.n);
+  if (r.wgrad) {
+    pl.d_shape.ndim = 3;
+    pl.d_shape.dims[0] = a.groups;
+    pl.d_shape.dims[1] = a.n;
+    pl.d_shape.dims[2] = a.k;
+  } else {
+    pl.d_shape = Shape::of(a.m_total, a.n);
+  }
   if (!plan_outputs) {
     const GemmBuffer& d = r.d;
     if (!d.present || !d.contiguous || d.v.shape != pl.d_shape || d.v.dtype != dd) {

@@ -23,13 +23,14 @@ struct GroupedGemmRequest {
   int64_t rhs_dtype_code = int64_t(DType::kBFloat16);
   bool rhs_kn = false;
   int64_t d_dtype = int64_t(DType::kBFloat16);
-  bool use_split_accumulator = true;  // FP8: promoted (full-precision) accumulation; false: FastAccum (SPEC §6.3)
+  bool use_split_accumulator = true;
+  bool wgrad = false;  // the weight-gradient form (grouped_gemm.h): lhs [m_total, n], rhs [m_total, k], d [groups, n, k]  // FP8: promoted (full-precision) accumulation; false: FastAccum (SPEC §6.3)
 };
 
 struct GroupedGemmPlan {
   GroupedGemmRequest req;
   GroupedGemmArgs args;    // without pointers
-  Shape d_shape;           // [m_total, n]
+  Shape d_shape;           // [m_total, n]; wgrad: [groups, n, k]
   DType d_dtype = DType::kBFloat16;
   bool cuda = false;
   int64_t workspace_bytes = 0;  // including kWorkspaceAlign slack; 0 on the CPU

@@ -3,7 +3,9 @@
 // the problem [rows, n, k], the operand and output pointers, their strides and (FP8) alpha = s_lhs·s_rhs[g] into
 // the caller's workspace; the kernel's tile scheduler reads them there, so no size crosses to the host.
 // CUTLASS's names: A = lhs [rows, k] (K-major), B = rhs[g] as (n, k) — K-major for [n, k], N-major for [k, n] —,
-// D = out [rows, n] row-major; beta = 0 and no C operand.
+// D = out [rows, n] row-major; beta = 0 and no C operand. The wgrad form: problem (n, k, rows), A = dy rows as (n, rows)
+// (M-major), B = x rows as (k, rows) (N-major), D = d[g] [n, k]; a group without rows is given no tiles (the setup
+// kernel zeroes its d[g]).
 #pragma once
 
 #include <string>
@@ -25,11 +27,13 @@ namespace grouped {
 
 // bf16: 256x128x64 tiles. FP8 FastAccum: 256x128x128. FP8 with promotion keeps a second set of FP32 accumulators,
 // so 128x128x128 tiles (larger ones spill registers).
-template <class EA, class EB, class LayoutB, bool kFp8, bool kFast = false> struct CutlassConfig {
+template <class EA, class EB, class LayoutB, bool kFp8, bool kFast = false,
+          class LayoutA_ = cutlass::layout::RowMajor>
+struct CutlassConfig {
   using ElementA = EA;
   using ElementB = EB;
   using ElementD = cutlass::bfloat16_t;
-  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutA = LayoutA_;
   using LayoutD = cutlass::layout::RowMajor;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   static constexpr int kAlignA = 16 / int(sizeof(EA));
@@ -112,13 +116,23 @@ template <class C, bool kFp8> struct FillTable {
     using EA = typename C::ElementA;
     using EB = typename C::ElementB;
     using ED = typename C::ElementD;
-    t.shapes[g] = {int(rows), int(a.n), int(a.k)};
-    t.a[g] = static_cast<const EA*>(a.lhs) + first * a.k;
-    t.b[g] = static_cast<const EB*>(a.rhs) + g * a.n * a.k;
-    t.d[g] = static_cast<ED*>(a.d) + first * a.n;
-    t.sa[g] = packed_stride<typename C::StrideA>(a.k);
-    t.sb[g] = packed_stride<typename C::StrideB>(a.rhs_kn ? a.n : a.k);
-    t.sd[g] = packed_stride<typename C::StrideD>(a.n);
+    if (a.wgrad) {
+      t.shapes[g] = {rows > 0 ? int(a.n) : 0, int(a.k), int(rows)};
+      t.a[g] = static_cast<const EA*>(a.lhs) + first * a.n;
+      t.b[g] = static_cast<const EB*>(a.rhs) + first * a.k;
+      t.d[g] = static_cast<ED*>(a.d) + g * a.n * a.k;
+      t.sa[g] = packed_stride<typename C::StrideA>(a.n);
+      t.sb[g] = packed_stride<typename C::StrideB>(a.k);
+      t.sd[g] = packed_stride<typename C::StrideD>(a.k);
+    } else {
+      t.shapes[g] = {int(rows), int(a.n), int(a.k)};
+      t.a[g] = static_cast<const EA*>(a.lhs) + first * a.k;
+      t.b[g] = static_cast<const EB*>(a.rhs) + g * a.n * a.k;
+      t.d[g] = static_cast<ED*>(a.d) + first * a.n;
+      t.sa[g] = packed_stride<typename C::StrideA>(a.k);
+      t.sb[g] = packed_stride<typename C::StrideB>(a.rhs_kn ? a.n : a.k);
+      t.sd[g] = packed_stride<typename C::StrideD>(a.n);
+    }
     t.alpha[g] = kFp8 ? a.lhs_scale_inv[0] * a.rhs_scale_inv[g] : 1.0f;
     t.alpha_ptr[g] = t.alpha + g;
   }
@@ -164,7 +178,7 @@ template <class C, bool kFp8> void cutlass_run(const char* name, const GroupedGe
   setup_kernel<<<kSetupBlocks, kSetupThreads, 0, stream>>>(a, FillTable<C, kFp8>{t, a});
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) core_fail(std::string("grouped_gemm: setup launch failed: ") + cudaGetErrorString(e));
-  if (a.groups == 0 || a.m_total == 0 || a.n == 0) return;
+  if (a.groups == 0 || a.n == 0 || (a.m_total == 0 && !a.wgrad) || (a.wgrad && (a.k == 0 || a.m_total == 0))) return;
   typename C::Gemm gemm;
   const auto args = cutlass_arguments<C>(t, a, sms);
   cutlass::Status st = gemm.can_implement(args);
@@ -179,10 +193,10 @@ template <class C, bool kFp8> void cutlass_run(const char* name, const GroupedGe
 }  // namespace te
 
 // The Cutlass<K> members of one kind, in the translation unit that instantiates it.
-#define TE_GROUPED_CUTLASS_KIND(K, EA, EB, LAYOUT_B, FP8, FAST, NAME)                                            \
+#define TE_GROUPED_CUTLASS_KIND(K, EA, EB, LAYOUT_B, FP8, FAST, NAME, ...)                                       \
   namespace te {                                                                                                 \
   namespace grouped {                                                                                            \
-  using Config##K = CutlassConfig<EA, EB, LAYOUT_B, FP8, FAST>;                                                  \
+  using Config##K = CutlassConfig<EA, EB, LAYOUT_B, FP8, FAST, ##__VA_ARGS__>;                                   \
   template <> const char* Cutlass<CutlassKind::K>::name() { return NAME; }                                       \
   template <> size_t Cutlass<CutlassKind::K>::workspace(const GroupedGemmArgs& a, int sms) {                     \
     return cutlass_workspace<Config##K, FP8>(a, sms);                                                            \

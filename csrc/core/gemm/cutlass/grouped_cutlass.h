@@ -14,7 +14,8 @@ namespace grouped {
 // FP8 kinds come in two accumulations: promoted to FP32 every few K steps (SPEC §6.3's split accumulator), or
 // FastAccum (the tensor cores' own).
 enum class CutlassKind : int {
-  kNone = 0, kBf16Nk, kBf16Kn, kE4m3E4m3Nk, kE5m2E4m3Nk, kE4m3E4m3NkFast, kE5m2E4m3NkFast
+  kNone = 0, kBf16Nk, kBf16Kn, kE4m3E4m3Nk, kE5m2E4m3Nk, kE4m3E4m3NkFast, kE5m2E4m3NkFast,
+  kBf16Wgrad,  // d[g] [n, k] = dy rows ᵀ · x rows: A = dy (M-major), B = x (N-major), K = the group's rows
 };
 
 template <CutlassKind K> struct Cutlass {

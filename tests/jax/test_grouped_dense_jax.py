@@ -1,0 +1,88 @@
+"""tej.grouped_dense: forward and gradients (x, kernel, bias) against a float64 jnp reference that applies the group
+size rules row by row; FP8 current scaling within the FP8 tolerance; errors."""
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import transformer_engine_jax as tej  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("jax_on_cpu")
+SIZES = [10, 0, 25, -2, 3]  # 38 of 44 rows covered
+
+
+def reference(x, kernel, bias, sizes):
+    """float64: each row times its group's kernel (+ bias); rows past the groups are zeros."""
+    ids, row = np.full(x.shape[0], -1), 0
+    for g, s in enumerate(sizes):
+        s = max(s, 0)
+        ids[row:row + s] = g
+        row += s
+    covered = ids >= 0
+    w = kernel[np.where(covered, ids, 0)]
+    y = jnp.einsum("mk,mkn->mn", x, w) + bias[np.where(covered, ids, 0)]
+    return jnp.where(covered[:, None], y, 0.0)
+
+
+def data(dtype):
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (44, 32))
+    k = rng.uniform(-1, 1, (5, 32, 16))
+    b = rng.uniform(-1, 1, (5, 16))
+    return x, k, b
+
+
+def loss(y):
+    return jnp.sum(jnp.sin(y.astype(jnp.float32)) * jnp.arange(y.shape[1], dtype=jnp.float32))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_forward_and_grads_vs_float64(dtype):
+    x, k, b = data(dtype)
+    gs = jnp.asarray(SIZES, jnp.int32)
+    args = [jnp.asarray(v, dtype) for v in (x, k, b)]
+    f = jax.jit(lambda x, k, b: loss(tej.grouped_dense(x, k, gs, b)))
+    got = jax.grad(f, argnums=(0, 1, 2))(*args)
+    with jax.enable_x64():
+        want = jax.grad(lambda *a: jnp.sum(jnp.sin(reference(*a, SIZES)) * jnp.arange(16.0)), argnums=(0, 1, 2))(
+            *[jnp.asarray(np.asarray(a, np.float64)) for a in args])
+        y = tej.grouped_dense(*args[:2], gs, args[2])
+        np.testing.assert_allclose(np.asarray(y, np.float64), np.asarray(reference(
+            *[jnp.asarray(np.asarray(a, np.float64)) for a in args], SIZES)), rtol=1e-2 if dtype == jnp.bfloat16
+            else 1e-5, atol=2e-2 if dtype == jnp.bfloat16 else 1e-5)
+    tol = 3e-2 if dtype == jnp.bfloat16 else 1e-4
+    for name, g, w in zip(("dx", "dkernel", "dbias"), got, want):
+        w = np.asarray(w)
+        err = np.max(np.abs(np.asarray(g, np.float64) - w)) / np.max(np.abs(w))
+        assert err < tol, f"{name}: {err}"
+    assert not np.asarray(got[1][1]).any(), "the empty group's kernel gets a zero gradient"
+    assert not np.asarray(got[1][3]).any(), "a negative size counts as 0: zero gradient"
+
+
+def test_fp8_current_scaling_grads():
+    x, k, b = data(jnp.bfloat16)
+    gs = jnp.asarray(SIZES, jnp.int32)
+    args = [jnp.asarray(v, jnp.bfloat16) for v in (x, k, b)]
+    with tej.autocast(recipe=tej.Float8CurrentScaling()):
+        got = jax.jit(jax.grad(lambda x, k, b: loss(tej.grouped_dense(x, k, gs, b)), argnums=(0, 1, 2)))(*args)
+    plain = jax.jit(jax.grad(lambda x, k, b: loss(tej.grouped_dense(x, k, gs, b)), argnums=(0, 1, 2)))(*args)
+    # E4M3 operands forward, E5M2 dy in dgrad: within the FP8 tolerance of the unquantized layer's gradients.
+    for name, g, w, tol in zip(("dx", "dkernel", "dbias"), got, plain, (0.25, 0.25, 0.25)):
+        w = np.asarray(w, np.float64)
+        err = np.max(np.abs(np.asarray(g, np.float64) - w)) / np.max(np.abs(w))
+        assert err < tol, f"{name}: {err}"
+        assert err > 0 or name == "dbias", f"{name}: FP8 gives exactly the bf16 result: not quantized?"
+
+
+def test_errors():
+    x, k = jnp.ones((8, 32)), jnp.ones((2, 32, 16))
+    with pytest.raises(ValueError, match=r"same K"):
+        tej.grouped_dense(x, jnp.ones((2, 30, 16)), jnp.ones(2, jnp.int32))
+    with pytest.raises(ValueError, match=r"bias must be \[G, N\]"):
+        tej.grouped_dense(x, k, jnp.ones(2, jnp.int32), jnp.ones(16))
+    with pytest.raises(ValueError, match=r"group_sizes must be an integer \[G\]"):
+        tej.grouped_dense(x, k, jnp.ones(3, jnp.int32))
+    with pytest.raises(NotImplementedError, match="FP8 current scaling"):
+        with tej.autocast(recipe=tej.MXFP8BlockScaling()):
+            tej.grouped_dense(x, k, jnp.ones(2, jnp.int32))
