@@ -1,9 +1,10 @@
-"""`tej.flax`: Flax NNX modules over `tej.dense` and `tej.mlp` (issue 21, item 4). Needs flax (>= 0.12); `import
+"""`tej.flax`: Flax NNX modules over `tej.dense`, `tej.mlp` and `tej.grouped_dense` (issue 21, item 4). Needs flax (>= 0.12); `import
 transformer_engine_jax` never imports this module: `tej.flax` loads it on first access.
 
 `Dense` has the parameters and initializers of `flax.nnx.Linear` (kernel [in, out], bias [out]); `MLP` holds fc1
 [hidden, A·ffn] (A = 2 for a gated activation, the activated half first, as tej.mlp's w1 [K, A, F] reshaped) and fc2
-[ffn, hidden]. Both quantize as the enclosing `tej.autocast` says, read while tracing.
+[ffn, hidden]. `MoEMLP` holds the same pair per expert ([E, ...]). All quantize as the enclosing `tej.autocast` says,
+read while tracing.
 
 The one invariant: delayed scaling's state (scales, amax histories) is a `QuantizerSet` held in an `FP8Meta`
 variable — its own collection, not `nnx.Param`, so optimizers leave it alone — and it changes only through its
@@ -30,14 +31,16 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes
 
+from .activation import activation
 from .activation_types import activation_of
 from .dense import dense
+from .grouped_dense import grouped_dense
 from .mlp import mlp
 from .quantizers import DelayedScaleQuantizer, Quantizer
 from .recipe import (DelayedScaling, NVFP4BlockScaling, QuantizerSet, get_autocast_recipe, make_quantizer_set,
                      update_quantizer_set)
 
-__all__ = ["FP8Meta", "Dense", "MLP", "update_fp8_meta"]
+__all__ = ["FP8Meta", "Dense", "MLP", "MoEMLP", "update_fp8_meta"]
 
 # flax.nnx.Linear's defaults.
 default_kernel_init = nnx.initializers.lecun_normal()
@@ -150,6 +153,45 @@ class MLP(_Quantized):
         b1 = None if b1 is None else b1.reshape(self.a_dim, self.ffn)
         qs = self._quantizer_sets(rngs)
         return mlp(x, w1, b1, w2, b2, self.activation_type, (None, None) if qs is None else qs)
+
+
+class MoEMLP(nnx.Module):
+    """A router-free mixture-of-experts MLP: for the rows of expert e, y = act(x·fc1_kernel[e] + fc1_bias[e])·
+    fc2_kernel[e] + fc2_bias[e], as two `tej.grouped_dense` calls (group sizes on the device, no host sync) with the
+    fused `tej.activation` between them. fc1_kernel [E, hidden, A·ffn] (A = 2 for a gated activation, columns
+    [0, ffn) activated, as MLP's), fc1_bias [E, A·ffn], fc2_kernel [E, ffn, hidden], fc2_bias [E, hidden]; expert
+    e's kernel is kernel_init(k_e, (in, out)) — nnx.Linear's draw of that slice, fan-in = its in dim — with k_e the
+    e-th of jax.random.split(rngs.params(), E), likewise its bias. Quantization: grouped_dense's (none, or
+    Float8CurrentScaling under tej.autocast; other recipes raise its NotImplementedError); hidden, ffn and the
+    token count multiples of 16 under FP8."""
+
+    def __init__(self, hidden: int, ffn: int, num_experts: int, *,
+                 activation_type: Union[str, Sequence[str]] = ("gelu",), use_bias: bool = True, dtype=None,
+                 param_dtype=jnp.float32, kernel_init=default_kernel_init, bias_init=default_bias_init,
+                 rngs: nnx.Rngs):
+        act = activation_of(activation_type)
+        self.activation_type, self.a_dim = act.name, 2 if act.gated else 1
+        self.hidden, self.ffn, self.num_experts, self.use_bias = hidden, ffn, num_experts, use_bias
+        self.dtype, self.param_dtype = dtype, param_dtype
+
+        def per_expert(init, shape):
+            keys = jax.random.split(rngs.params(), num_experts)
+            return nnx.Param(jax.vmap(lambda k: init(k, shape, param_dtype))(keys))
+
+        for name, (i, o) in (("fc1", (hidden, self.a_dim * ffn)), ("fc2", (ffn, hidden))):
+            setattr(self, f"{name}_kernel", per_expert(kernel_init, (i, o)))
+            setattr(self, f"{name}_bias", per_expert(bias_init, (o,)) if use_bias else nnx.data(None))
+
+    def __call__(self, x, group_sizes):
+        """x [M_total, hidden] (rows grouped by expert, in order), group_sizes int [num_experts] (on the device) ->
+        [M_total, hidden]. Size rules as tej.grouped_gemm's: negative sizes count as 0, a sum past M_total is cut
+        there, rows past the sum come out zero."""
+        b1, b2 = (None if b is None else b.get_value() for b in (self.fc1_bias, self.fc2_bias))
+        x, w1, b1, w2, b2 = dtypes.promote_dtype(
+            (x, self.fc1_kernel.get_value(), b1, self.fc2_kernel.get_value(), b2), dtype=self.dtype)
+        h = grouped_dense(x, w1, group_sizes, b1)                                  # [M_total, A·ffn]
+        a = activation(h.reshape(h.shape[0], self.a_dim, self.ffn), self.activation_type)  # [M_total, ffn]
+        return grouped_dense(a, w2, group_sizes, b2)
 
 
 def _is_set(node) -> bool:
