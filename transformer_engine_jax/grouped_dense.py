@@ -35,8 +35,9 @@ def _quantizers(qs):
         return None
     modes = {q.scaling_mode if q is not None else None for q in qs}
     if modes != {ScalingMode.CURRENT_TENSOR_SCALING}:
-        raise NotImplementedError(f"{_LAYER}: not yet supported: quantizer set {sorted(str(m) for m in modes)}; the "
-                                  f"grouped layer takes no quantization or FP8 current scaling (Float8CurrentScaling)")
+        names = sorted(m.name if m is not None else "None" for m in modes)
+        raise NotImplementedError(f"{_LAYER}: not yet supported: quantizer set {names}; the grouped layer takes no "
+                                  f"quantization or FP8 current scaling (Float8CurrentScaling)")
     return qs
 
 

@@ -25,9 +25,6 @@ _PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SC
 
 
 def _fp8_rowwise(x: ScaledTensor, name: str):
-    if x.scaling_mode not in _PER_TENSOR:
-        raise NotImplementedError(f"tej.grouped_gemm: not yet supported: {name} {_describe(x)}; the grouped GEMM "
-                                  f"takes plain operands and FP8 per-tensor (delayed or current) ScaledTensors")
     if x.data is None:
         raise ValueError(f"tej.grouped_gemm: {name} {_describe(x)} needs its rowwise copy (K runs along its last "
                          f"dim); quantize it with q_layout ROWWISE or ROWWISE_COLWISE")
@@ -47,10 +44,30 @@ def _checked(quantizer, name):
     if not isinstance(quantizer, Quantizer):
         raise TypeError(f"tej.grouped_gemm: {name}_quantizer must be a tej quantizer or None, got "
                         f"{type(quantizer).__name__}")
-    if quantizer.scaling_mode not in _PER_TENSOR:
-        raise NotImplementedError(f"tej.grouped_gemm: not yet supported: {name}_quantizer "
-                                  f"{quantizer.scaling_mode.name}; use an FP8 per-tensor quantizer")
     return quantizer
+
+
+def _emulated(t) -> bool:
+    return isinstance(t, ScaledTensor) and t.scaling_mode not in _PER_TENSOR
+
+
+def _as_bf16(t):
+    return t.dequantize(jnp.bfloat16) if isinstance(t, ScaledTensor) else jnp.asarray(t).astype(jnp.bfloat16)
+
+
+def _emulate(lhs, rhs, lhs_quantizer, rhs_quantizer):
+    """MXFP8, FP8 block and NVFP4 operands (no grouped tensor-core kernel for them yet): quantized as asked (rhs per
+    group), then both operands' dequantized bf16 values for the bf16 grouped GEMM (SPEC §6.7's emulation). Returns
+    (lhs, rhs, lhs_quantizer, rhs_quantizer) unchanged when nothing is emulated."""
+    lq = lhs_quantizer is not None and _checked(lhs_quantizer, "lhs").scaling_mode not in _PER_TENSOR
+    rq = rhs_quantizer is not None and _checked(rhs_quantizer, "rhs").scaling_mode not in _PER_TENSOR
+    if not (lq or rq or _emulated(lhs) or _emulated(rhs)):
+        return lhs, rhs, lhs_quantizer, rhs_quantizer
+    if lhs_quantizer is not None:
+        lhs = quantize(lhs, lhs_quantizer)
+    if rhs_quantizer is not None:
+        rhs = jnp.stack([_as_bf16(quantize(rhs[g], rhs_quantizer)) for g in range(rhs.shape[0])])
+    return _as_bf16(lhs), _as_bf16(rhs), None, None
 
 
 def _rhs(rhs, quantizer, groups_hint: int):
@@ -101,13 +118,16 @@ def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quant
     the default) or [G, K, N] (((1,), (1,))), group_sizes int32 [G] on the device → out [M_total, N].
 
     Operands: bf16 / fp16 / fp32 arrays of one dtype, or FP8 per-tensor ScaledTensors (rowwise copies); or plain
-    arrays with per-tensor FP8 quantizers (`rhs_quantizer` quantizes each group on its own). FP8 rhs must be
+    arrays with per-tensor FP8 quantizers (`rhs_quantizer` quantizes each group on its own). MXFP8, FP8 block and
+    NVFP4 operands or quantizers are emulated: both operands' dequantized bf16 values through the bf16 grouped GEMM. FP8 rhs must be
     [G, N, K] (FP8 tensor cores are TN); E5M2 x E5M2 is refused; `use_split_accumulator=False` takes the tensor
     cores' faster, less precise FP8 accumulation (SPEC §6.3). The output is the operands' dtype (bf16 for FP8)
     unless `out_dtype` is given. Shapes and every rule are checked at trace time by the core's planner."""
     _register()
     form = _contracting(contracting_dims, len(rhs.shape))
     rhs_kn, wgrad = form == "KN", form == "wgrad"
+    if not wgrad:
+        lhs, rhs, lhs_quantizer, rhs_quantizer = _emulate(lhs, rhs, lhs_quantizer, rhs_quantizer)
     lhs_data, lhs_scale, nominal = _lhs(lhs, lhs_quantizer)
     if wgrad:
         if rhs_quantizer is not None or isinstance(rhs, ScaledTensor) or lhs_scale.shape[0] > 0:

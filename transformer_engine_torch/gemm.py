@@ -428,24 +428,18 @@ _GROUPED = torch.ops.te.grouped_gemm.default
 _FP8_TORCH = {torch.float8_e4m3fn: int(DType.kFloat8E4M3), torch.float8_e5m2: int(DType.kFloat8E5M2)}
 
 
-def _grouped_operand(name, x, scale_inv, quantizer):
+def _grouped_operand(name, x, scale_inv):
     """(codes or values, scale_inv or None, DType code) of one grouped-GEMM operand given as a plain tensor, FP8 codes
-    with their scale_inv, a rowwise Float8Tensor, or a plain tensor and a per-tensor FP8 quantizer."""
-    if quantizer is not None:
-        if scale_inv is not None or isinstance(x, QuantizedTensor):
-            raise ValueError(f"grouped_gemm: {name}_quantizer quantizes a plain {name}; got {_describe(x)} "
-                             f"{'with a scale_inv' if scale_inv is not None else ''}")
-        x = quantize(x, quantizer)
+    with their scale_inv, or a rowwise Float8Tensor (another quantized tensor: its bf16 values, emulated)."""
     if isinstance(x, Float8Tensor):
         if x._data is None:
             raise ValueError(f"grouped_gemm: {name} ({_describe(x)}) needs its rowwise copy; quantize it with "
                              f"rowwise=True")
         return x._data, x._scale_inv, int(x._fp8_dtype)
-    if isinstance(x, QuantizedTensor):
-        raise NotImplementedError(f"grouped_gemm: not yet supported: {type(x).__name__} operand {name} "
-                                  f"({_describe(x)}); supported: bf16/fp16/fp32 tensors and per-tensor FP8")
+    if isinstance(x, QuantizedTensor):  # emulated (grouped_gemm's docstring): bf16 values of the quantized operand
+        return x.dequantize(torch.bfloat16), None, int(DType.kBFloat16)
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"grouped_gemm: {name} must be a torch.Tensor or a Float8Tensor, got {type(x).__name__}")
+        raise TypeError(f"grouped_gemm: {name} must be a torch.Tensor or a quantized tensor, got {type(x).__name__}")
     if x.dtype in _FP8_TORCH:
         if scale_inv is None:
             raise ValueError(f"grouped_gemm: FP8 {name} {list(x.shape)} {x.dtype} needs {name}_scale_inv")
@@ -455,15 +449,15 @@ def _grouped_operand(name, x, scale_inv, quantizer):
     return x, None, _PLAIN_CODES.get(x.dtype, -1)
 
 
-def _grouped_weights(w, w_scale_inv, w_quantizer):
+def _emulated(t) -> bool:
+    return isinstance(t, QuantizedTensor) and not isinstance(t, Float8Tensor)
+
+
+def _grouped_weight_parts(w, w_scale_inv):
     """rhs codes/values [G, ...], its per-group scale_inv [G] or None, DType code. A list of per-group weights (or
-    Float8Tensors) is stacked; a w_quantizer quantizes each group on its own, so each gets its own scale."""
-    if w_quantizer is not None:
-        if w_scale_inv is not None or not isinstance(w, torch.Tensor) or isinstance(w, QuantizedTensor):
-            raise ValueError("grouped_gemm: w_quantizer quantizes a plain [G, ...] weight tensor")
-        w = [quantize(w[g], w_quantizer) for g in range(w.shape[0])]
+    Float8Tensors, each with its own scale) is stacked."""
     if isinstance(w, (list, tuple)):
-        parts = [_grouped_operand("w", wg, None, None) for wg in w]
+        parts = [_grouped_operand("w", wg, None) for wg in w]
         if not parts:
             raise ValueError("grouped_gemm: w is an empty list; give one weight per group")
         codes = {p[2] for p in parts}
@@ -472,7 +466,7 @@ def _grouped_weights(w, w_scale_inv, w_quantizer):
         data = torch.stack([p[0] for p in parts])
         scales = torch.cat([p[1].reshape(1) for p in parts]) if parts[0][1] is not None else None
         return data, scales, parts[0][2]
-    return _grouped_operand("w", w, w_scale_inv, None)
+    return _grouped_operand("w", w, w_scale_inv)
 
 
 def grouped_gemm(x, w, group_sizes=None, *, offsets=None, w_layout="NK", x_scale_inv=None, w_scale_inv=None,
@@ -487,14 +481,34 @@ def grouped_gemm(x, w, group_sizes=None, *, offsets=None, w_layout="NK", x_scale
     FP8 (per-tensor scaling): x as a Float8Tensor, FP8 codes with `x_scale_inv` [1], or a plain tensor and
     `x_quantizer`; w as FP8 codes [G, N, K] with `w_scale_inv` [G], a list of G Float8Tensors, or a plain tensor and
     `w_quantizer` (each group quantized on its own). E5M2 x E5M2 is refused, and FP8 w must be "NK" (FP8 tensor
-    cores are TN); `use_split_accumulator=False` takes the tensor cores' faster, less precise FP8 accumulation
+    cores are TN). MXFP8, FP8 block (1x128 / 128x128) and NVFP4 operands or quantizers are emulated: both operands'
+    dequantized bf16 values through the bf16 grouped GEMM; `use_split_accumulator=False` takes the tensor cores' faster, less precise FP8 accumulation
     (SPEC §6.3). The output is x's dtype (bf16 for FP8) unless `out_dtype` says otherwise."""
     if w_layout not in ("NK", "KN"):
         raise ValueError(f"grouped_gemm: w_layout must be 'NK' ([G, N, K]) or 'KN' ([G, K, N]), got {w_layout!r}")
     if (group_sizes is None) == (offsets is None):
         raise ValueError("grouped_gemm: give exactly one of group_sizes and offsets")
-    lhs, lhs_s, lhs_code = _grouped_operand("x", x, x_scale_inv, x_quantizer)
-    rhs, rhs_s, rhs_code = _grouped_weights(w, w_scale_inv, w_quantizer)
+    if x_quantizer is not None:
+        if x_scale_inv is not None or isinstance(x, QuantizedTensor):
+            raise ValueError(f"grouped_gemm: x_quantizer quantizes a plain x; got {_describe(x)}"
+                             f"{' with a scale_inv' if x_scale_inv is not None else ''}")
+        x = quantize(x, x_quantizer)
+    if w_quantizer is not None:
+        if w_scale_inv is not None or not isinstance(w, torch.Tensor) or isinstance(w, QuantizedTensor):
+            raise ValueError("grouped_gemm: w_quantizer quantizes a plain [G, ...] weight tensor")
+        w = [quantize(w[g], w_quantizer) for g in range(w.shape[0])]
+    ws = w if isinstance(w, (list, tuple)) else [w]
+    if _emulated(x) or any(_emulated(wg) for wg in ws):
+        # MXFP8, FP8 block and NVFP4 operands (no grouped tensor-core kernel for them yet): both operands' values in
+        # bf16, then the bf16 grouped GEMM (SPEC §6.7's emulation).
+        if x_scale_inv is not None or w_scale_inv is not None:
+            raise ValueError("grouped_gemm: raw FP8 codes with a scale_inv cannot meet an emulated (MXFP8 / FP8 block "
+                             "/ NVFP4) operand; pass quantized tensors")
+        x = x.dequantize(torch.bfloat16) if isinstance(x, QuantizedTensor) else x.to(torch.bfloat16)
+        ws = [wg.dequantize(torch.bfloat16) if isinstance(wg, QuantizedTensor) else wg.to(torch.bfloat16) for wg in ws]
+        w = ws if isinstance(w, (list, tuple)) else ws[0]
+    lhs, lhs_s, lhs_code = _grouped_operand("x", x, x_scale_inv)
+    rhs, rhs_s, rhs_code = _grouped_weight_parts(w, w_scale_inv)
     sizes = _group_sizes(group_sizes, offsets)
     if out_dtype is None:
         out_dtype = x.dtype if isinstance(x, torch.Tensor) and x.dtype in _PLAIN_CODES and not \

@@ -175,3 +175,19 @@ def test_command_buffer_with_changing_sizes(same_bytes_with_command_buffers):
     """One compiled program, recorded into a command buffer (CUDA graph) with our call inside, run with three sets
     of sizes: the same bytes as without command buffers (the kernels read the sizes on the device each replay)."""
     same_bytes_with_command_buffers(_CMD_BUFFER_SCRIPT)
+
+
+@pytest.mark.parametrize("mode", [SM.MXFP8_1D_SCALING, SM.BLOCK_SCALING_1x128], ids=["mxfp8", "fp8_block"])
+def test_emulated_formats_equal_the_dequantized_bf16_call(mode):
+    """MXFP8 / FP8 block: both operands' dequantized bf16 values through the bf16 grouped GEMM, the same bytes as
+    calling it on them; and tex's emulation gives the same bytes."""
+    x, w = operands(128, 64, 128, 3, jnp.bfloat16, False, 5)
+    sizes = jnp.asarray([64, 0, 50], jnp.int32)
+    q = lambda: tej.QuantizerFactory.create(scaling_mode=mode, q_dtype=jnp.float8_e4m3fn,  # noqa: E731
+                                            q_layout=tej.QuantizeLayout.ROWWISE)
+    got = tej.grouped_gemm(x, w, sizes, lhs_quantizer=q(), rhs_quantizer=q())
+    xd = tej.quantize(x, q()).dequantize(jnp.bfloat16)
+    wd = jnp.stack([tej.quantize(w[g], q()).dequantize(jnp.bfloat16) for g in range(3)])
+    want = tej.grouped_gemm(xd, wd, sizes)
+    assert np.asarray(got).view(np.uint16).tobytes() == np.asarray(want).view(np.uint16).tobytes()
+    assert not np.array_equal(np.asarray(got, np.float32), np.asarray(tej.grouped_gemm(x, w, sizes), np.float32))

@@ -263,3 +263,19 @@ def test_grouped_wgrad_cuda_graph(tex):
         r64, base = wgrad_reference(dy, x, new, torch.bfloat16)
         for g in range(4):
             assert_grouped_close(out[g], r64[g], base[g], torch.bfloat16, f"wgrad replay {new} group {g}")
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8", "fp8_block"])
+def test_grouped_emulated_formats(tex, device, fmt):
+    """MXFP8 / FP8 block operands: both dequantized to bf16, then the bf16 grouped GEMM (the same bytes as calling it
+    on the dequantized values)."""
+    sizes = [64, 0, 50]
+    x, w = rnd((128, 128), torch.bfloat16, device, 19), rnd((3, 64, 128), torch.bfloat16, device, 20)
+    q = (lambda: tex.MXFP8Quantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=False)) if fmt == "mxfp8" else \
+        (lambda: tex.Float8BlockQuantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=False, block_scaling_dim=1))
+    ts = torch.tensor(sizes, dtype=torch.int32, device=device)
+    got = tex.grouped_gemm(x, w, ts, x_quantizer=q(), w_quantizer=q())
+    xd = tex.quantize(x, q()).dequantize(torch.bfloat16)
+    wd = torch.stack([tex.quantize(w[g], q()).dequantize(torch.bfloat16) for g in range(3)])
+    assert torch.equal(got, tex.grouped_gemm(xd, wd, ts))
+    assert not torch.equal(got, tex.grouped_gemm(x, w, ts))
