@@ -1,5 +1,8 @@
 """transformer_engine_jax (`tej`): the project's fused activation + quantization kernels for JAX, through XLA's
 typed FFI, from the same torch-free core as transformer_engine_torch. Nothing here imports torch."""
+# jaxlib first: it loads its own CUDA runtime, which our _ffi then shares (same soname). Loading _ffi first binds the
+# toolkit's older libcudart.so.13 into the process, and jaxlib's CUDA plugin crashed on it (segfault at import, H100).
+import jax.numpy  # noqa: F401  (isort: skip)
 from .activation_types import ACTIVATIONS, ActivationType, activation_of
 from .quantizers import (BlockScaleQuantizer, CurrentScaleQuantizer, DelayedScaleQuantizer, MXFP8Quantizer,
                          NVFP4Quantizer, Quantizer, QuantizeLayout, QuantizerFactory, ScalingMode)
