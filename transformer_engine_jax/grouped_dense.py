@@ -10,7 +10,8 @@ Quantization: none (bf16 / fp16 / fp32), or FP8 current scaling (`Float8CurrentS
 QuantizerSet of current-scaling quantizers): the forward GEMM multiplies E4M3 x (one scale) by E4M3 kernel[g]ᵀ (each
 expert its own scale), dgrad multiplies the E5M2 (per the recipe's format) dy by E4M3 kernel[g]; the weight gradient
 runs in the inputs' precision (its contraction is the grouped rows, which FP8's TN-only tensor cores cannot split at
-arbitrary offsets). Other recipes raise NotImplementedError.
+arbitrary offsets). MXFP8, FP8 block and NVFP4 recipes run the same GEMMs emulated (grouped_gemm dequantizes their
+quantized operands to bf16). Delayed scaling raises NotImplementedError.
 """
 from __future__ import annotations
 
@@ -21,23 +22,27 @@ import jax.numpy as jnp
 
 from .grouped_gemm import grouped_gemm
 from .quantizers import ScalingMode
-from .recipe import QuantizerSet, default_quantizer_set
+from .recipe import DelayedScaling, QuantizerSet, default_quantizer_set, get_autocast_recipe
 
 _LAYER = "tej.grouped_dense"
 
 
 def _quantizers(qs):
     if qs is None:
+        if isinstance(get_autocast_recipe(), DelayedScaling):
+            raise NotImplementedError(f"{_LAYER}: not yet supported: DelayedScaling (delayed scaling's amax state is "
+                                      f"not carried through the grouped layer yet); use Float8CurrentScaling")
         qs = default_quantizer_set("grouped_dense")
     if not isinstance(qs, QuantizerSet):
         raise TypeError(f"{_LAYER}: quantizer_set must be a tej.QuantizerSet or None, got {type(qs).__name__}")
     if all(q is None for q in qs):
         return None
     modes = {q.scaling_mode if q is not None else None for q in qs}
-    if modes != {ScalingMode.CURRENT_TENSOR_SCALING}:
+    if None in modes or ScalingMode.DELAYED_TENSOR_SCALING in modes:
         names = sorted(m.name if m is not None else "None" for m in modes)
         raise NotImplementedError(f"{_LAYER}: not yet supported: quantizer set {names}; the grouped layer takes no "
-                                  f"quantization or FP8 current scaling (Float8CurrentScaling)")
+                                  f"quantization, FP8 current scaling, or the emulated MXFP8 / FP8 block / NVFP4 "
+                                  f"recipes (delayed scaling's amax state is not carried through it yet)")
     return qs
 
 

@@ -83,6 +83,25 @@ def test_errors():
         tej.grouped_dense(x, k, jnp.ones(2, jnp.int32), jnp.ones(16))
     with pytest.raises(ValueError, match=r"group_sizes must be an integer \[G\]"):
         tej.grouped_dense(x, k, jnp.ones(3, jnp.int32))
-    with pytest.raises(NotImplementedError, match="FP8 current scaling"):
-        with tej.autocast(recipe=tej.MXFP8BlockScaling()):
+    with pytest.raises(NotImplementedError, match="delayed scaling's amax state is not carried"):
+        with tej.autocast(recipe=tej.DelayedScaling()):
             tej.grouped_dense(x, k, jnp.ones(2, jnp.int32))
+    with pytest.raises(NotImplementedError, match="delayed scaling's amax state is not carried"):
+        tej.grouped_dense(x, k, jnp.ones(2, jnp.int32), quantizer_set=tej.make_quantizer_set(tej.DelayedScaling()))
+
+
+@pytest.mark.parametrize("recipe", [tej.MXFP8BlockScaling(), tej.Float8BlockScaling()], ids=["mxfp8", "fp8_block"])
+def test_emulated_recipes(recipe):
+    """MXFP8 / FP8 block: forward and gradients through the emulated grouped GEMMs, within the FP8 tolerance of the
+    unquantized layer, and not equal to it (the operands were quantized)."""
+    rng = np.random.default_rng(3)
+    x, k = (jnp.asarray(rng.uniform(-1, 1, s), jnp.bfloat16) for s in ((128, 64), (2, 64, 32)))
+    gs = jnp.asarray([64, 48], jnp.int32)
+    f = lambda x, k: loss(tej.grouped_dense(x, k, gs))  # noqa: E731
+    plain = jax.grad(f, argnums=(0, 1))(x, k)
+    with tej.autocast(recipe=recipe):
+        got = jax.jit(jax.grad(f, argnums=(0, 1)))(x, k)
+    for name, g, w in zip(("dx", "dkernel"), got, plain):
+        w = np.asarray(w, np.float64)
+        err = np.max(np.abs(np.asarray(g, np.float64) - w)) / np.max(np.abs(w))
+        assert 0 < err < 0.25, f"{name}: {err}"
