@@ -7,7 +7,8 @@ TE_DEBUG=1 builds with -O0 -g. MAX_JOBS defaults to the core count.
 
 The grouped GEMM's tensor-core kernels (csrc/core/gemm/cutlass) need the CUTLASS 3.x headers: TE_CUTLASS_INCLUDE, or
 third_party/cutlass_include (`make install` fetches it: tools/fetch_cutlass.sh). They need sm_90a, so a 9.0 in the arch
-list becomes 9.0a. Without the headers the grouped GEMM runs its portable CUDA kernel instead (slow, same rules).
+list becomes 9.0a. Without the headers (or with TE_NO_CUTLASS=1: CI, which has no GPU, skips these slow-to-compile
+units) the grouped GEMM runs its portable CUDA kernel instead (slow, same rules).
 
 The kernel core (csrc/core) is compiled once: _C links it with the torch bridge (csrc/torch), _ffi links the same
 objects with the XLA FFI handlers (csrc/jax; headers from the installed jaxlib's jax.ffi.include_dir(), pybind11
@@ -43,6 +44,8 @@ os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
 
 
 def cutlass_include():
+    if os.environ.get("TE_NO_CUTLASS", "0") == "1":
+        return None
     for d in (os.environ.get("TE_CUTLASS_INCLUDE", ""), os.path.join(HERE, "third_party", "cutlass_include")):
         if d and os.path.isfile(os.path.join(d, "cutlass", "gemm", "group_array_problem_shape.hpp")):
             return d

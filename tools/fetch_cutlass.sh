@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 VERSION=4.2.0.0
 DEST=third_party/cutlass_include
 [ -f "$DEST/cutlass/gemm/group_array_problem_shape.hpp" ] && exit 0
+[ "${TE_NO_CUTLASS:-0}" = "1" ] && exit 0  # the build will not use them
 PYTHON=${PYTHON:-python3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -15,13 +16,12 @@ if ! "$PYTHON" -m pip download -q --no-deps "nvidia-cutlass==$VERSION" -d "$tmp"
   exit 0
 fi
 "$PYTHON" - "$tmp"/nvidia_cutlass-*.whl "$DEST" <<'PY'
-import sys, zipfile
+import os, sys, zipfile
 prefix = "cutlass_library/source/include/"
 with zipfile.ZipFile(sys.argv[1]) as z:
     for name in z.namelist():
         if name.startswith(prefix) and not name.endswith("/"):
             target = sys.argv[2] + "/" + name[len(prefix):]
-            import os
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "wb") as f:
                 f.write(z.read(name))
