@@ -53,7 +53,6 @@ def _group_ids(group_sizes, m_total: int):
 
 
 def _forward(x, kernel, bias, group_sizes, qs):
-    g = kernel.shape[0]
     if qs is None:
         y = grouped_gemm(x, kernel, group_sizes, ((1,), (1,)))
     else:  # FP8 runs TN: kernel[g]ᵀ [N, K] quantized per expert
@@ -63,7 +62,6 @@ def _forward(x, kernel, bias, group_sizes, qs):
         ids = _group_ids(group_sizes, x.shape[0])
         rows_bias = jnp.take(jnp.concatenate([bias, jnp.zeros((1, bias.shape[1]), bias.dtype)]), ids, axis=0)
         y = (y.astype(jnp.float32) + rows_bias.astype(jnp.float32)).astype(y.dtype)
-    del g
     return y
 
 

@@ -70,7 +70,7 @@ def _emulate(lhs, rhs, lhs_quantizer, rhs_quantizer):
     return _as_bf16(lhs), _as_bf16(rhs), None, None
 
 
-def _rhs(rhs, quantizer, groups_hint: int):
+def _rhs(rhs, quantizer):
     """rhs codes or values [G, ...] and its per-group scale_inv [G] (0 elements for plain operands). A quantizer
     quantizes each group on its own (current scaling: each group its own scale); a ScaledTensor with one scale
     shares it among the groups."""
@@ -135,7 +135,7 @@ def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quant
                                       "form (contracting the grouped rows); pass the bf16 dy and x")
         rhs_data, rhs_scale = jnp.asarray(rhs), jnp.zeros((0,), jnp.float32)
     else:
-        rhs_data, rhs_scale = _rhs(rhs, rhs_quantizer, rhs.shape[0])
+        rhs_data, rhs_scale = _rhs(rhs, rhs_quantizer)
     group_sizes = jnp.asarray(group_sizes)
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         raise TypeError(f"tej.grouped_gemm: group_sizes must be an integer array [G], got {group_sizes.dtype}")
