@@ -18,6 +18,7 @@ from .recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, F
 from .dense import dense
 from .mlp import mlp
 from .grouped_dense import grouped_dense
+from . import collective
 
 
 def __getattr__(name):

@@ -223,7 +223,7 @@ def _te_gemm(out_dtype, attrs: dict, *inputs):
 
 
 def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quantizer=None, bias=None, fuse_gelu=False,
-         *, gelu_input=None, bias_grad=False, use_split_accumulator=True):
+         *, gelu_input=None, bias_grad=False, use_split_accumulator=True, out_dtype=None):
     """lhs · rhs contracted over `contracting_dims` = (lhs dims, rhs dims), paired in order; out has lhs's
     non-contracting dims followed by rhs's, in the operands' dtype (a ScaledTensor's dequantized dtype).
 
@@ -236,6 +236,8 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
       bias_grad=True                            returns (out, bias gradient): with gelu_input Σ over M of out [N];
                                                 without, Σ over K of lhs [M] (the wgrad layout, lhs = dYᵀ)
     use_split_accumulator: FP8 per-tensor accumulates in full precision (False: Hopper's fast accumulation).
+    out_dtype: float32 / float16 / bfloat16 to override the output dtype (float32: the unrounded FP32 accumulation,
+    e.g. for partial sums that are added later).
     """
     _register()
     lhs_nd = len(lhs.shape) if hasattr(lhs, "shape") else 0
@@ -259,7 +261,10 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
                              f"{rhs.shape[b]} {where}")
     L = _operand(lhs, lhs_c, lhs_quantizer, "lhs")
     R = _operand(rhs, rhs_c, rhs_quantizer, "rhs")
-    out_dtype = L.dtype if L.dtype in _PLAIN else jnp.dtype(jnp.bfloat16)
+    if out_dtype is not None and jnp.dtype(out_dtype) not in _PLAIN:
+        raise TypeError(f"tej.gemm: out_dtype must be float32, float16 or bfloat16, got {out_dtype} {where}")
+    out_dtype = jnp.dtype(out_dtype) if out_dtype is not None else (
+        L.dtype if L.dtype in _PLAIN else jnp.dtype(jnp.bfloat16))
     grad = gelu_input is not None or bool(bias_grad)
     if grad and (fuse_gelu or bias is not None):
         raise ValueError(f"tej.gemm: gelu_input / bias_grad select the backward epilogues; pass fuse_gelu=False and "
