@@ -21,7 +21,7 @@ from . import _ffi
 from .activation_types import activation_of
 from .quantizers import FLAG_SWIZZLED, DelayedScaleQuantizer, QuantizeLayout, Quantizer, ScalingMode
 from .scaled_tensor import ScaledTensor
-from .sharding import along_leading_dims
+from .sharding import along_all_dims, along_leading_dims
 
 # The core's DType codes (SPEC §1.3) of the dtypes tej passes in and gets back.
 _CODE_OF = {jnp.dtype(jnp.float32): 4, jnp.dtype(jnp.float16): 5, jnp.dtype(jnp.bfloat16): 6}
@@ -276,6 +276,15 @@ def _shard_call(c: _Partitioned, axes, *arrays):
 
 
 @functools.lru_cache(maxsize=None)
+def _partitioned_all_dims(c: _Partitioned):
+    """Per-tensor quantize partitioned along every dim of x (sharding.along_all_dims): x's last dim may be sharded
+    too (a row-parallel layer's K), each shard cast with the global amax; the colwise copy is sharded transposed."""
+    kinds = {0: "x", 1: "xT", None: None}
+    return along_all_dims(functools.partial(_shard_call, c), ("x",) + (None,) * (c.qdef.num_leaves + c.amax_given),
+                          tuple(kinds[at] for at in c.out_lead))
+
+
+@functools.lru_cache(maxsize=None)
 def _partitioned(c: _Partitioned):
     """The partitioned call of one static configuration, made once: jax caches by its identity."""
     arg_lead = (0,) * (1 + c.backward) + (None,) * (c.qdef.num_leaves + c.amax_given)
@@ -300,6 +309,11 @@ def _sharded_call(target, op, code, with_dbias, x, x_core_shape, dz, quantizer, 
         x = x.reshape(rows // group, group, *x.shape[n_lead:])
         dz = None if dz is None else dz.reshape(rows // group, group, dz.shape[-1])
     first = x if dz is None else dz
+    if target == "te_quantize" and not group and not with_dbias and _mode(quantizer) != ScalingMode.NO_SCALING:
+        c = _Partitioned(target, op, code, backward, with_dbias, jax.tree_util.tree_structure(quantizer), None,
+                         amax is not None, False, _out_lead(quantizer, with_dbias), 0)
+        out = _partitioned_all_dims(c)(x, *jax.tree_util.tree_leaves(quantizer), *([] if amax is None else [amax]))
+        return [o.reshape(pieces[k][2]) if pieces[k][0] else o for o, k in zip(out, _RESULT_PIECES)], pieces
     c = _Partitioned(target, op, code, backward, with_dbias, jax.tree_util.tree_structure(quantizer),
                      None if act_params is None else tuple(act_params.items()), amax is not None, group > 0,
                      _out_lead(quantizer, with_dbias), first.ndim - (1 if group else n_lead))

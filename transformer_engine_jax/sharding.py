@@ -108,3 +108,62 @@ def along_leading_dims(local, arg_lead: tuple, out_lead: tuple, x_trailing: int,
 
     return jax.jit(call)  # eager calls reuse one compiled program instead of tracing both wrappers each time
 
+
+
+def along_all_dims(local, arg_kinds: tuple, out_kinds: tuple):
+    """`local(axes, *arrays)` partitioned along every dim of its first argument x, for per-tensor quantization, which
+    is elementwise once the amax is global (local reduces it over `axes`, the mesh axes that shard x). A kind per
+    array: "x" (x's dims in order: sharded as x), "xT" (x's last dim first, then the others: the colwise copy, the
+    transpose of each shard being the shard of the transpose), None (replicated). vmap runs local per batch element.
+    Make it once per configuration and keep it (jax caches by the function's identity)."""
+
+    def full_spec(arg):
+        spec = tuple(arg.sharding.spec)
+        return spec + (None,) * (len(arg.shape) - len(spec))
+
+    def shardings(mesh, arg_shapes, result_shape):
+        spec = full_spec(arg_shapes[0])
+
+        def sharding(kind):
+            if kind is None:
+                return NamedSharding(mesh, PartitionSpec())
+            return NamedSharding(mesh, PartitionSpec(*spec) if kind == "x" else PartitionSpec(spec[-1], *spec[:-1]))
+
+        args = tuple(sharding(k) for k in arg_kinds)
+        return _mesh_axes(spec), args, tuple(sharding(k) for k in out_kinds)
+
+    def infer(mesh, arg_shapes, result_shape):
+        return shardings(mesh, arg_shapes, result_shape)[2]
+
+    def partition(mesh, arg_shapes, result_shape):
+        axes, args, outs = shardings(mesh, arg_shapes, result_shape)
+        return mesh, functools.partial(local, axes), outs, args
+
+    def rule(mesh, value_types, result_types):
+        n = len(value_types[0].shape)
+        x = [f"d{j}" for j in range(n)]
+
+        def term(i, kind, rank):
+            if kind == "x":
+                return " ".join(x)
+            if kind == "xT":
+                return " ".join(x[-1:] + x[:-1])
+            return " ".join(f"f{i}_{j}" for j in range(rank))
+
+        ranks = [len(t.shape) for t in (*value_types, *result_types)]
+        terms = [term(i, k, r) for i, (k, r) in enumerate(zip((*arg_kinds, *out_kinds), ranks))]
+        return ", ".join(terms[:len(value_types)]) + " -> " + ", ".join(terms[len(value_types):])
+
+    partitioned = custom_partitioning(functools.partial(local, ()))
+    partitioned.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=rule)
+
+    @custom_vmap
+    def call(*arrays):
+        return partitioned(*arrays)
+
+    @call.def_vmap
+    def batched(axis_size, in_batched, *arrays):
+        out = jax.vmap(functools.partial(local, ()), in_axes=tuple(0 if b else None for b in in_batched))(*arrays)
+        return out, (True,) * len(out)
+
+    return jax.jit(call)

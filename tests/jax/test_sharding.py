@@ -2,7 +2,8 @@
 all-gather in the compiled HLO) and give the unsharded call's bytes in every result (data, colwise data, scale_inv,
 colwise scale_inv, amaxes); dbias, summed over the shards in FP32 and rounded once, is checked against a float64
 reference with SPEC §9's dbias tolerance (another addition order than the unsharded kernel's, so not bit for bit).
-A block-format call whose rows are not whole groups of 128 falls back (XLA gathers x) with the same bytes. Runs in a
+Per-tensor quantize also shards along x's last dim (a row-parallel layer's K). A block-format call whose rows are not
+whole groups of 128 falls back (XLA gathers x) with the same bytes. Runs in a
 subprocess: the device count is fixed when jax starts."""
 import pytest
 
@@ -67,6 +68,20 @@ for shape in ((8,), (4, 2)):
         assert leaves(got) == leaves(want), (name, shape)
         assert "all-gather" not in compiled.as_text(), (name, shape, "an all-gather in the compiled program")
         assert not jax.tree_util.tree_leaves(got)[0].sharding.is_fully_replicated, (name, shape)
+
+# per-tensor quantize along every dim of x, its last (K) included: each shard cast with the pmaxed amax, the colwise
+# copy sharded transposed; the unsharded bytes, no all-gather
+kx = normal(4, (64, 128))
+for shape, spec in (((8,), P(None, "dp")), ((4, 2), P("dp", "sp")), ((4, 2), P("sp", "dp"))):
+    mesh = Mesh(np.array(jax.devices()).reshape(shape), ("dp", "sp")[:len(shape)])
+    for qname, q in (("current", cs), ("delayed", delayed)):
+        sharded = jax.device_put(kx, NamedSharding(mesh, spec))
+        compiled = jax.jit(lambda x: tej.quantize(x, q)).lower(sharded).compile()
+        got = compiled(sharded)
+        assert leaves(got) == leaves(tej.quantize(kx, q)), (qname, shape, spec)
+        assert "all-gather" not in compiled.as_text(), (qname, shape, spec)
+        col = tuple(got.colwise_data.sharding.spec) + (None, None)
+        assert col[:2] == (spec[1], spec[0]), (qname, got.colwise_data.sharding.spec)
 
 # fallback: MXFP8 of 96 rows (scale rows padded to 128) is not partitioned: XLA gathers x, the bytes are unchanged
 mesh = Mesh(np.array(jax.devices()), ("dp",))
