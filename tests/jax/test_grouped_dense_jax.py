@@ -83,11 +83,30 @@ def test_errors():
         tej.grouped_dense(x, k, jnp.ones(2, jnp.int32), jnp.ones(16))
     with pytest.raises(ValueError, match=r"group_sizes must be an integer \[G\]"):
         tej.grouped_dense(x, k, jnp.ones(3, jnp.int32))
-    with pytest.raises(NotImplementedError, match="delayed scaling's amax state is not carried"):
+    with pytest.raises(ValueError, match="state the caller carries"):
         with tej.autocast(recipe=tej.DelayedScaling()):
             tej.grouped_dense(x, k, jnp.ones(2, jnp.int32))
-    with pytest.raises(NotImplementedError, match="delayed scaling's amax state is not carried"):
-        tej.grouped_dense(x, k, jnp.ones(2, jnp.int32), quantizer_set=tej.make_quantizer_set(tej.DelayedScaling()))
+
+
+def test_delayed_scaling_carries_the_amaxes():
+    """Delayed scaling: the casts use the set's scales; the set's cotangent carries the observed amaxes (x's, the
+    largest expert kernel's, dy's), which tej.update_quantizer_set rolls into the next step's scales."""
+    x, k, b = data(jnp.bfloat16)
+    gs = jnp.asarray(SIZES, jnp.int32)
+    args = [jnp.asarray(v, jnp.bfloat16) for v in (x, k, b)]
+    qs = tej.make_quantizer_set(tej.DelayedScaling())
+    f = lambda x, k, b, qs: loss(tej.grouped_dense(x, k, gs, b, quantizer_set=qs))  # noqa: E731
+    dx, dk, db, dqs = jax.jit(jax.grad(f, argnums=(0, 1, 2, 3)))(*args, qs)
+    plain = jax.grad(lambda x, k, b: loss(tej.grouped_dense(x, k, gs, b)), argnums=(0, 1, 2))(*args)
+    for name, g, w in zip(("dx", "dkernel", "dbias"), (dx, dk, db), plain):
+        w = np.asarray(w, np.float64)
+        err = np.max(np.abs(np.asarray(g, np.float64) - w)) / np.max(np.abs(w))
+        assert err < 0.25, f"{name}: {err}"
+    assert float(dqs.x.amax_history[0]) == float(jnp.max(jnp.abs(args[0].astype(jnp.float32))))
+    assert float(dqs.kernel.amax_history[0]) == float(jnp.max(jnp.abs(args[1].astype(jnp.float32))))
+    assert float(dqs.dgrad.amax_history[0]) > 0
+    nxt = tej.update_quantizer_set(qs, dqs)
+    assert float(nxt.x.scale[0]) != float(qs.x.scale[0]), "the next step's scale follows the observed amax"
 
 
 @pytest.mark.parametrize("recipe", [tej.MXFP8BlockScaling(), tej.Float8BlockScaling()], ids=["mxfp8", "fp8_block"])
