@@ -520,6 +520,23 @@ def start(args, prog):
         return None, None
 
 
+def start_jax(args, prog):
+    """start()'s (device, tex) plus (jax, transformer_engine_jax) for the JAX benchmarks, with jax on its CPU platform
+    under --cpu-smoke; all None after saying why the run cannot start (exit status 2)."""
+    device, tex = start(args, prog)
+    if device is None:
+        return None, None, None, None
+    if args.cpu_smoke:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    try:
+        import jax
+        import transformer_engine_jax as tej
+    except ImportError as e:
+        print(f"{prog}: cannot import jax / transformer_engine_jax ({e})", file=sys.stderr)
+        return None, None, None, None
+    return device, tex, jax, tej
+
+
 def out_dir_of(args, partial=False):
     """The results folder a run writes: --out-dir, else the default one unless --no-save or the run is partial
     (e.g. --only), so that a partial run never overwrites a full report."""

@@ -339,16 +339,8 @@ def main():
     p.add_argument("--only", action="append", default=[], metavar="SUBSTR", help="cases whose name holds SUBSTR")
     H.add_output_args(p)
     args = p.parse_args()
-    device, tex = H.start(args, "bench_jax.py")
+    device, tex, jax, tej = H.start_jax(args, "bench_jax.py")
     if device is None:
-        return 2
-    if args.cpu_smoke:
-        os.environ["JAX_PLATFORMS"] = "cpu"
-    try:
-        import jax
-        import transformer_engine_jax as tej
-    except ImportError as e:
-        print(f"bench_jax.py: cannot import jax / transformer_engine_jax ({e})", file=sys.stderr)
         return 2
     t_start = time.time()
     big, small = (SMOKE_BIG, SMOKE_SMALL) if args.cpu_smoke else (BIG, SMALL)

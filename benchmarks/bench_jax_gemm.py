@@ -531,16 +531,8 @@ def main():
                    help="cases whose name holds SUBSTR (e.g. 'dense', 'grouped skewed', 'fp8', 'flax'); repeatable")
     H.add_output_args(p)
     args = p.parse_args()
-    device, tex = H.start(args, "bench_jax_gemm.py")
+    device, tex, jax, tej = H.start_jax(args, "bench_jax_gemm.py")
     if device is None:
-        return 2
-    if args.cpu_smoke:
-        os.environ["JAX_PLATFORMS"] = "cpu"
-    try:
-        import jax
-        import transformer_engine_jax as tej
-    except ImportError as e:
-        print(f"bench_jax_gemm.py: cannot import jax / transformer_engine_jax ({e})", file=sys.stderr)
         return 2
     t_start = time.time()
     smoke = args.cpu_smoke
