@@ -14,7 +14,6 @@
 namespace te {
 namespace {
 
-constexpr size_t kWorkspaceAlign = 256;
 
 std::string arch_of_current_device() {
   int dev = 0, major = 0, minor = 0;
@@ -287,11 +286,9 @@ void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
   // Workspace (always the caller's: the bridge passes torch's cuBLASLt workspace of the stream when the user gave
   // none), aligned to 256 B.
   if (g.workspace == nullptr && g.workspace_bytes > 0) core_fail("generic_gemm: workspace_bytes without a workspace");
-  const uintptr_t raw = reinterpret_cast<uintptr_t>(g.workspace);
-  const uintptr_t aligned = (raw + kWorkspaceAlign - 1) & ~uintptr_t(kWorkspaceAlign - 1);
-  const size_t lost = size_t(aligned - raw);
+  void* const ws = gemm_align_workspace(g.workspace);
+  const size_t lost = size_t(static_cast<char*>(ws) - static_cast<char*>(g.workspace));
   const size_t ws_bytes = g.workspace_bytes > lost ? g.workspace_bytes - lost : 0;
-  void* const ws = reinterpret_cast<void*>(aligned);
 
   Pref pref;
   check_lt(cublasLtMatmulPreferenceCreate(&pref.p), "preference creation", g);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 #include "../common/common.h"
@@ -75,6 +76,13 @@ struct GemmArgs {
   void* workspace = nullptr;         // [workspace_bytes] device memory, stream-ordered (null: none)
   size_t workspace_bytes = 0;
 };
+
+// Workspaces are used from their first 256-byte boundary (cuBLASLt's and TMA's alignment); plans reserve the slack.
+constexpr size_t kGemmWorkspaceAlign = 256;
+inline void* gemm_align_workspace(void* p) {
+  const uintptr_t raw = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<void*>((raw + kGemmWorkspaceAlign - 1) & ~uintptr_t(kGemmWorkspaceAlign - 1));
+}
 
 // The layout-independent sizes of a request (SPEC §6.1): m = D's last dim, n = D's rows, k = contraction.
 struct GemmDims {

@@ -457,8 +457,7 @@ void run_cuda(const GemmPlan& pl, GemmArgs g, const GemmIO& io, const ExecCtx& c
     fail(ErrorKind::kRuntime, msg(op, ": the workspace has ", str(io.workspace_bytes), " bytes, the plan needs ",
                                   str(pl.workspace_bytes)));
   }
-  const uintptr_t raw = reinterpret_cast<uintptr_t>(io.workspace);
-  char* ws = reinterpret_cast<char*>((raw + kWorkspaceAlign - 1) & ~uintptr_t(kWorkspaceAlign - 1));
+  char* ws = static_cast<char*>(gemm_align_workspace(io.workspace));
   if (pl.amax_offset >= 0) {
     g.d_amax = reinterpret_cast<float*>(ws + pl.amax_offset);
     check_cuda(cudaMemsetAsync(g.d_amax, 0, sizeof(float), s), op, "zeroing the amax temporary");

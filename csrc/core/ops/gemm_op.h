@@ -71,7 +71,7 @@ struct GemmPlanOptions {
 
 // cuBLASLt workspace a plan reserves (SPEC §6.1: 32 MiB + 1 KiB recommended on sm_90 and newer).
 constexpr int64_t kLtWorkspaceBytes = (int64_t(32) << 20) + 1024;
-constexpr int64_t kWorkspaceAlign = 256;
+constexpr int64_t kWorkspaceAlign = int64_t(kGemmWorkspaceAlign);
 
 struct GemmPlan {
   GemmRequest req;

@@ -187,8 +187,7 @@ void run_grouped_gemm(const GroupedGemmPlan& pl, const GroupedGemmIO& io, const 
       fail(ErrorKind::kRuntime, msg(pl.req.op, ": the workspace has ", str(io.workspace_bytes),
                                     " bytes, the plan needs ", str(pl.workspace_bytes)));
     }
-    const uintptr_t raw = reinterpret_cast<uintptr_t>(io.workspace);
-    a.workspace = reinterpret_cast<void*>((raw + kWorkspaceAlign - 1) & ~uintptr_t(kWorkspaceAlign - 1));
+    a.workspace = gemm_align_workspace(io.workspace);
     a.workspace_bytes = size_t(pl.workspace_bytes - kWorkspaceAlign);
     grouped_gemm_cuda(a, reinterpret_cast<cudaStream_t>(ctx.stream));
 #else
