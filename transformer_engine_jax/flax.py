@@ -49,8 +49,8 @@ default_bias_init = nnx.initializers.zeros_init()
 
 @nnx.register_variable_name("fp8_meta", overwrite=True)
 class FP8Meta(nnx.Variable):
-    """A layer's delayed-scaling state: its QuantizerSet (Dense) or pair of sets (MLP), None when it has none. Linen
-    collection name "fp8_meta"."""
+    """A layer's delayed-scaling state: its QuantizerSet (Dense) or pair of sets (MLP, MoEMLP: fc1's, fc2's), None
+    when it has none. Linen collection name "fp8_meta"."""
 
 
 def _delayed_state(recipe, n_sets: int):
@@ -155,15 +155,19 @@ class MLP(_Quantized):
         return mlp(x, w1, b1, w2, b2, self.activation_type, (None, None) if qs is None else qs)
 
 
-class MoEMLP(nnx.Module):
+class MoEMLP(_Quantized):
     """A router-free mixture-of-experts MLP: for the rows of expert e, y = act(x·fc1_kernel[e] + fc1_bias[e])·
     fc2_kernel[e] + fc2_bias[e], as two `tej.grouped_dense` calls (group sizes on the device, no host sync) with the
     fused `tej.activation` between them. fc1_kernel [E, hidden, A·ffn] (A = 2 for a gated activation, columns
     [0, ffn) activated, as MLP's), fc1_bias [E, A·ffn], fc2_kernel [E, ffn, hidden], fc2_bias [E, hidden]; expert
     e's kernel is kernel_init(k_e, (in, out)) — nnx.Linear's draw of that slice, fan-in = its in dim — with k_e the
-    e-th of jax.random.split(rngs.params(), E), likewise its bias. Quantization: grouped_dense's (none, or
-    Float8CurrentScaling under tej.autocast; other recipes raise its NotImplementedError); hidden, ffn and the
-    token count multiples of 16 under FP8."""
+    e-th of jax.random.split(rngs.params(), E), likewise its bias. Quantization: as the enclosing `tej.autocast`
+    says, one quantizer set per grouped_dense (fc1, fc2), as MLP's: DelayedScaling (the pair held in `fp8_meta`,
+    updated through update_fp8_meta; one x scale and one kernel scale shared by all experts, the kernel's amax the
+    largest expert's), Float8CurrentScaling (each expert's kernel its own scale), MXFP8 / FP8 block / NVFP4 through
+    grouped_dense's emulated GEMMs; hidden, ffn and the token count multiples of 16 under FP8."""
+
+    _n_sets = 2
 
     def __init__(self, hidden: int, ffn: int, num_experts: int, *,
                  activation_type: Union[str, Sequence[str]] = ("gelu",), use_bias: bool = True, dtype=None,
@@ -181,17 +185,20 @@ class MoEMLP(nnx.Module):
         for name, (i, o) in (("fc1", (hidden, self.a_dim * ffn)), ("fc2", (ffn, hidden))):
             setattr(self, f"{name}_kernel", per_expert(kernel_init, (i, o)))
             setattr(self, f"{name}_bias", per_expert(bias_init, (o,)) if use_bias else nnx.data(None))
+        self._init_fp8_meta()
 
-    def __call__(self, x, group_sizes):
+    def __call__(self, x, group_sizes, *, rngs=None):
         """x [M_total, hidden] (rows grouped by expert, in order), group_sizes int [num_experts] (on the device) ->
         [M_total, hidden]. Size rules as tej.grouped_gemm's: negative sizes count as 0, a sum past M_total is cut
-        there, rows past the sum come out zero."""
+        there, rows past the sum come out zero. rngs: as Dense's (NVFP4's stochastic rounding of the gradient)."""
         b1, b2 = (None if b is None else b.get_value() for b in (self.fc1_bias, self.fc2_bias))
         x, w1, b1, w2, b2 = dtypes.promote_dtype(
             (x, self.fc1_kernel.get_value(), b1, self.fc2_kernel.get_value(), b2), dtype=self.dtype)
-        h = grouped_dense(x, w1, group_sizes, b1)                                  # [M_total, A·ffn]
+        qs = self._quantizer_sets(rngs)
+        qs1, qs2 = (None, None) if qs is None else qs
+        h = grouped_dense(x, w1, group_sizes, b1, quantizer_set=qs1)                # [M_total, A·ffn]
         a = activation(h.reshape(h.shape[0], self.a_dim, self.ffn), self.activation_type)  # [M_total, ffn]
-        return grouped_dense(a, w2, group_sizes, b2)
+        return grouped_dense(a, w2, group_sizes, b2, quantizer_set=qs2)
 
 
 def _is_set(node) -> bool:

@@ -1,7 +1,10 @@
 """tej.flax.MoEMLP (router-free experts over tej.grouped_dense): per-expert init as nnx.Linear, forward and
 gradients against a float64 loop over the experts that applies the group-size rules (an empty expert, a negative
 size, rows past the sum, a sum past M_total), nnx.jit with the sizes as a traced argument, a small training run in
-bf16 and under Float8CurrentScaling, and the recipes grouped_dense does not take."""
+bf16, under Float8CurrentScaling and under DelayedScaling (state in FP8Meta, rolled by update_fp8_meta), and the
+amaxes that state records."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -121,7 +124,7 @@ def test_jit_takes_sizes_as_data():
     assert F.MoEMLP(HIDDEN, FFN, E, rngs=nnx.Rngs(4))(x, jnp.asarray(SIZES["gaps"])).dtype == jnp.float32
 
 
-# ---- training: bf16 and FP8 current scaling ----------------------------------------------------------------------
+# ---- training: bf16, FP8 current and delayed scaling -----------------------------------------------------------------
 T_E, T_H, T_F, T_M = 4, 32, 64, 128
 T_SIZES = [40, 24, 0, 56]  # 120 of 128 tokens: an idle expert, 8 rows past the sum
 
@@ -141,9 +144,23 @@ def _task(steps):
     return jnp.asarray(x, BF16), jnp.asarray(target, jnp.float32)
 
 
-def _train(recipe, steps=40):
-    """Adam (lr 1e-2) on a bf16 SwiGLU MoEMLP; the mean losses of the first and last 5 steps."""
-    model = F.MoEMLP(T_H, T_F, T_E, activation_type=("silu", "linear"), dtype=BF16, rngs=nnx.Rngs(0))
+TRAIN_RECIPES = {"bf16": None, "current": tej.Float8CurrentScaling(), "delayed": tej.DelayedScaling()}
+PARAMS_AND_META = nnx.DiffState(0, nnx.Any(nnx.Param, F.FP8Meta))
+
+
+def _histories(module):
+    return [arr(q.amax_history) for s in jax.tree_util.tree_leaves(nnx.state(module, F.FP8Meta),
+                                                                     is_leaf=lambda n: isinstance(n, tej.QuantizerSet))
+            for q in s]
+
+
+@functools.lru_cache(maxsize=None)
+def _train(recipe_name, steps=40):
+    """Adam (lr 1e-2) on a bf16 SwiGLU MoEMLP built under the recipe, each step's FP8Meta gradients rolled in by
+    update_fp8_meta; the mean losses of the first and last 5 steps and the amax histories at the end."""
+    recipe = TRAIN_RECIPES[recipe_name]
+    with tej.autocast(enabled=recipe is not None, recipe=recipe):
+        model = F.MoEMLP(T_H, T_F, T_E, activation_type=("silu", "linear"), dtype=BF16, rngs=nnx.Rngs(0))
     opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
     gs = jnp.asarray(T_SIZES, jnp.int32)
     xs, targets = _task(steps)
@@ -155,27 +172,110 @@ def _train(recipe, steps=40):
                 y = model(x, gs)
             return jnp.mean((y.astype(jnp.float32) - target) ** 2)
 
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
-        opt.update(model, grads)
+        loss, grads = nnx.value_and_grad(loss_fn, argnums=PARAMS_AND_META)(model)
+        opt.update(model, F.update_fp8_meta(model, grads))
         return loss
 
     losses = [float(step(model, opt, x, t)) for x, t in zip(xs, targets)]
-    return np.mean(losses[:5]), np.mean(losses[-5:])
+    return np.mean(losses[:5]), np.mean(losses[-5:]), _histories(model)
 
 
 def test_training_fp8_current_tracks_bf16():
-    first_bf16, bf16 = _train(None)
-    first, fp8 = _train(tej.Float8CurrentScaling())
+    first_bf16, bf16, _ = _train("bf16")
+    first, fp8, hist = _train("current")
     print(f"\nMoEMLP: bf16 {first_bf16:.4f} -> {bf16:.4f}; FP8 current {first:.4f} -> {fp8:.4f} "
           f"({(fp8 / bf16 - 1) * 100:+.2f} %)")
     assert bf16 < 0.6 * first_bf16 and fp8 < 0.6 * first  # both learn (measured 0.46x)
     assert fp8 != bf16  # the recipe reached the grouped GEMMs
     assert abs(fp8 - bf16) <= 0.03 * bf16
+    assert hist == []  # a stateless recipe keeps no FP8Meta
 
 
-def test_unsupported_recipe_raises():
-    recipe = tej.DelayedScaling()
-    m = F.MoEMLP(HIDDEN, FFN, E, rngs=nnx.Rngs(0))
-    x = rand(6, (M, HIDDEN), jnp.float32)
-    with tej.autocast(recipe=recipe), pytest.raises(ValueError, match="state the caller carries"):
-        m(x, jnp.asarray(SIZES["gaps"], jnp.int32))
+def test_training_fp8_delayed_tracks_bf16():
+    """DelayedScaling() (history 1024, "max") inside nnx.jit, update_fp8_meta after each step: final loss within 2 %
+    of bf16, and every one of the 6 histories (fc1, fc2 × x, kernel, dgrad) holds one amax per step."""
+    first_bf16, bf16, _ = _train("bf16")
+    first, fp8, hist = _train("delayed")
+    print(f"\nMoEMLP: bf16 {first_bf16:.4f} -> {bf16:.4f}; FP8 delayed {first:.4f} -> {fp8:.4f} "
+          f"({(fp8 / bf16 - 1) * 100:+.2f} %)")
+    assert fp8 < 0.6 * first  # it learns
+    assert fp8 != bf16  # the recipe reached the grouped GEMMs
+    assert abs(fp8 - bf16) <= 0.02 * bf16
+    assert len(hist) == 6
+    for h in hist:  # 40 steps rolled in: the last 40 rows are amaxes, the rest (row 0 included) still zero
+        assert h.shape == (1024,) and np.all(h[-40:] > 0) and not h[:-40].any(), h[-41:]
+
+
+# ---- delayed scaling: the recorded amaxes and the scales they give ---------------------------------------------------
+DELAYED = tej.DelayedScaling(amax_history_len=4)
+E4M3_MAX, E5M2_MAX = np.float32(448), np.float32(57344)
+
+
+def test_delayed_records_observed_amaxes_and_next_scale():
+    """After one jitted step the FP8Meta holds, at the end of each history, the amax the step saw: fc1's x = max|x|
+    of the layer's (bf16) input, fc1's kernel = the largest over all experts (one shared scale), fc2's dgrad =
+    max|dy|; each scale is fp8_max / amax. A second step with a smaller x casts with those scales (its output equals
+    grouped_dense with the stored sets) and, "max" over the history, keeps fc1's x scale."""
+    with tej.autocast(recipe=DELAYED):
+        m = F.MoEMLP(HIDDEN, FFN, E, dtype=BF16, bias_init=nnx.initializers.normal(1.0), rngs=nnx.Rngs(7))
+    gs = jnp.asarray(SIZES["gaps"], jnp.int32)
+    x1, x2 = rand(20, (M, HIDDEN), BF16, 3.0), rand(21, (M, HIDDEN), BF16, 0.5)
+    cot = rand(22, (M, HIDDEN), BF16, 2.0)
+
+    @nnx.jit
+    def step(m, x):
+        def loss(m):
+            with tej.autocast(recipe=DELAYED):
+                y = m(x, gs)
+            return jnp.sum(y.astype(jnp.float32) * cot.astype(jnp.float32)), y
+
+        (_, y), g = nnx.value_and_grad(loss, argnums=PARAMS_AND_META, has_aux=True)(m)
+        F.update_fp8_meta(m, g)
+        return y
+
+    assert all(not h.any() for h in _histories(m)) and len(_histories(m)) == 6
+    step(m, x1)
+    (q1x, q1k, q1g), (q2x, q2k, q2g) = m.fp8_meta.get_value()
+    amax_x = np.max(np.abs(arr(x1)))
+    amax_k = np.max(np.abs(arr(m.fc1_kernel[...].astype(BF16))))  # fc1's kernel as cast (bf16), all experts
+    amax_dy = np.max(np.abs(arr(cot)))
+    for q, amax, fp8_max in ((q1x, amax_x, E4M3_MAX), (q1k, amax_k, E4M3_MAX), (q2g, amax_dy, E5M2_MAX)):
+        np.testing.assert_array_equal(arr(q.amax_history), [0, 0, 0, amax])
+        assert float(q.scale[0]) == fp8_max / np.float32(amax)
+    for q, fp8_max in ((q2x, E4M3_MAX), (q2k, E4M3_MAX), (q1g, E5M2_MAX)):  # the other three saw their tensors
+        h = arr(q.amax_history)
+        assert h[-1] > 0 and not h[:-1].any() and float(q.scale[0]) == fp8_max / np.float32(h[-1])
+    assert arr(q2k.amax_history)[-1] == np.max(np.abs(arr(m.fc2_kernel[...].astype(BF16))))
+    assert amax_x > 2 * np.max(np.abs(arr(x2)))
+
+    @jax.jit
+    def functional(x, sets, w1, b1, w2, b2):
+        h = tej.grouped_dense(x, w1, gs, b1, quantizer_set=sets[0])
+        return tej.grouped_dense(tej.activation(h.reshape(M, 1, FFN), ("gelu",)), w2, gs, b2, quantizer_set=sets[1])
+
+    want = functional(x2, m.fp8_meta.get_value(), *(v[...].astype(BF16) for v in
+                                                      (m.fc1_kernel, m.fc1_bias, m.fc2_kernel, m.fc2_bias)))
+    y2 = step(m, x2)
+    np.testing.assert_array_equal(arr(y2), arr(want))
+    q1x = m.fp8_meta.get_value()[0].x
+    h = arr(q1x.amax_history)
+    np.testing.assert_array_equal(h[:3], [0, 0, amax_x])
+    assert 0 < h[3] < amax_x and h[3] == np.max(np.abs(arr(x2)))
+    assert float(q1x.scale[0]) == E4M3_MAX / np.float32(amax_x)  # "max": the larger, older amax still rules
+
+
+def test_nvfp4_stochastic_rounding_takes_rngs():
+    """NVFP4 with stochastic rounding keys the gradient's rounding from `rngs` (as Dense / MLP): without it the call
+    says so (it used to fail for want of a key no caller could pass); with it the layer runs, and keeps no FP8Meta.
+    (The rounding itself: tests/jax/test_flax.py's NVFP4 training.)"""
+    recipe = tej.NVFP4BlockScaling(disable_stochastic_rounding=False)
+    m = F.MoEMLP(HIDDEN, FFN, 1, dtype=BF16, rngs=nnx.Rngs(0))
+    x, gs = rand(23, (32, HIDDEN), BF16), jnp.asarray([32], jnp.int32)
+    with tej.autocast(recipe=recipe):
+        with pytest.raises(ValueError, match="rngs="):
+            m(x, gs)
+        y = nnx.jit(lambda m, x, key: m(x, gs, rngs=key))(m, x, jax.random.PRNGKey(3))
+    want = arr(nnx.jit(lambda m, x: m(x, gs))(m, x))
+    err = np.linalg.norm(arr(y) - want) / np.linalg.norm(want)
+    assert 0 < err < 0.35, err  # quantized (FP4 twice: 20 % normwise), not garbage
+    assert m.fp8_meta.get_value() is None
