@@ -12,7 +12,8 @@ own scale), dgrad multiplies the E5M2 (per the recipe's format) dy by E4M3 kerne
 inputs' precision (its contraction is the grouped rows, which FP8's TN-only tensor cores cannot split at arbitrary
 offsets). Delayed scaling casts with the set's scales and returns the observed amaxes as the quantizer set's
 cotangent (pass `quantizer_set=` and differentiate w.r.t. it, then `tej.update_quantizer_set`, as for `tej.dense`).
-MXFP8, FP8 block and NVFP4 recipes run the same GEMMs emulated (grouped_gemm dequantizes their operands to bf16).
+FP8 block recipes (x and dy with 1x128 blocks, kernel[g] with 128x128 tiles) run both GEMMs natively on the block
+kernel; MXFP8 and NVFP4 recipes run them emulated (grouped_gemm dequantizes their operands to bf16).
 """
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def _forward(x, kernel, bias, group_sizes, qs):
         kq, k_amax = _experts(jnp.swapaxes(kernel, 1, 2), qs.kernel)
         y = grouped_gemm(xq, kq, group_sizes, ((1,), (2,)), out_dtype=x.dtype)
         amaxes = (xq.amax, k_amax)
-    else:  # MXFP8 / FP8 block / NVFP4: grouped_gemm emulates them
+    else:  # FP8 block: native (1x128 x 128x128); MXFP8 / NVFP4: grouped_gemm emulates them
         y = grouped_gemm(x, jnp.swapaxes(kernel, 1, 2), group_sizes, ((1,), (2,)), lhs_quantizer=qs.x,
                          rhs_quantizer=qs.kernel)
     if bias is not None:

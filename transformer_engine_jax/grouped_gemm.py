@@ -6,7 +6,7 @@ command buffer; its shapes are static (M_total, the expert count), as XLA needs.
 out[rows of g] = lhs[rows of g] · rhs[g] contracted over K, for the groups g in order. Group g owns the rows after
 the previous groups' (negative sizes count as 0, sizes summing past M_total are cut there) and the rows past the
 sizes' sum come out as zeros (csrc/core/gemm/grouped_gemm.h). On CUDA: CUTLASS Hopper tensor-core kernels for bf16
-and FP8 (E4M3 x E4M3, E5M2 x E4M3), a portable kernel for fp16/fp32; the CPU runs the exact CPU GEMM per group.
+and FP8 (E4M3 x E4M3, E5M2 x E4M3; per-tensor, or 1x128 x 128x128 blocks), a portable kernel for fp16/fp32; the CPU runs the exact CPU GEMM per group.
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def _as_bf16(t):
 
 
 def _emulate(lhs, rhs, lhs_quantizer, rhs_quantizer):
-    """MXFP8, FP8 block and NVFP4 operands (no grouped tensor-core kernel for them yet): quantized as asked (rhs per
+    """MXFP8, NVFP4 and the FP8 block pairings without a native kernel: quantized as asked (rhs per
     group), then both operands' dequantized bf16 values for the bf16 grouped GEMM (SPEC §6.7's emulation). Returns
     (lhs, rhs, lhs_quantizer, rhs_quantizer) unchanged when nothing is emulated."""
     lq = lhs_quantizer is not None and _checked(lhs_quantizer, "lhs").scaling_mode not in _PER_TENSOR
@@ -68,6 +68,44 @@ def _emulate(lhs, rhs, lhs_quantizer, rhs_quantizer):
     if rhs_quantizer is not None:
         rhs = jnp.stack([_as_bf16(quantize(rhs[g], rhs_quantizer)) for g in range(rhs.shape[0])])
     return _as_bf16(lhs), _as_bf16(rhs), None, None
+
+
+def _block_mode(t, quantizer):
+    """The FP8 block mode an operand will have (its quantizer's, or a ScaledTensor's own), None otherwise."""
+    mode = quantizer.scaling_mode if isinstance(quantizer, Quantizer) else (
+        t.scaling_mode if isinstance(t, ScaledTensor) else None)
+    return mode if mode in (ScalingMode.BLOCK_SCALING_1x128, ScalingMode.BLOCK_SCALING_128x128) else None
+
+
+def _native_block(lhs, rhs, lhs_quantizer, rhs_quantizer):
+    """(lhs codes, lhs 1x128 scale_inv, rhs codes [G, N, K], rhs 128x128 scale_inv [G, ...]) when the pair runs
+    natively — lhs with 1x128 blocks, rhs with 128x128 tiles per group (SPEC §6.6's 1-D x 2-D pairing) — else None.
+    A quantizer quantizes each group of rhs on its own; an rhs ScaledTensor qualifies when its tiles do not straddle
+    groups (N a multiple of 128), so that its scales are the per-group ones stacked."""
+    if (_block_mode(lhs, lhs_quantizer) != ScalingMode.BLOCK_SCALING_1x128
+            or _block_mode(rhs, rhs_quantizer) != ScalingMode.BLOCK_SCALING_128x128 or len(rhs.shape) != 3):
+        return None
+    g, n, _ = rhs.shape
+    if rhs_quantizer is None and n % 128 != 0:
+        return None
+    if lhs_quantizer is not None:
+        lhs = quantize(lhs, lhs_quantizer)
+    lhs_data, lhs_scale = _block_rowwise(lhs, "lhs")
+    if rhs_quantizer is not None:
+        if isinstance(rhs, ScaledTensor):
+            raise ValueError(f"tej.grouped_gemm: rhs is already a ScaledTensor ({_describe(rhs)}); pass "
+                             f"rhs_quantizer=None")
+        parts = [_block_rowwise(quantize(rhs[e], rhs_quantizer), "rhs") for e in range(g)]
+        return lhs_data, lhs_scale, jnp.stack([p[0] for p in parts]), jnp.stack([p[1] for p in parts])
+    rhs_data, rhs_scale = _block_rowwise(rhs, "rhs")
+    return lhs_data, lhs_scale, rhs_data, rhs_scale.reshape(g, n // 128, rhs_scale.shape[-1])
+
+
+def _block_rowwise(x: ScaledTensor, name: str):
+    if x.data is None:
+        raise ValueError(f"tej.grouped_gemm: {name} {_describe(x)} needs its rowwise copy (K runs along its last "
+                         f"dim); quantize it with q_layout ROWWISE or ROWWISE_COLWISE")
+    return x.data, x.scale_inv.astype(jnp.float32)
 
 
 def _rhs(rhs, quantizer):
@@ -118,23 +156,29 @@ def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quant
     the default) or [G, K, N] (((1,), (1,))), group_sizes int32 [G] on the device → out [M_total, N].
 
     Operands: bf16 / fp16 / fp32 arrays of one dtype, or FP8 per-tensor ScaledTensors (rowwise copies); or plain
-    arrays with per-tensor FP8 quantizers (`rhs_quantizer` quantizes each group on its own). MXFP8, FP8 block and
-    NVFP4 operands or quantizers are emulated: both operands' dequantized bf16 values through the bf16 grouped GEMM. FP8 rhs must be
+    arrays with per-tensor FP8 quantizers (`rhs_quantizer` quantizes each group on its own). FP8 blocks run natively
+    for lhs with 1x128 blocks and rhs [G, N, K] with 128x128 tiles (a quantizer's per-group tiles, or a ScaledTensor
+    with N a multiple of 128), the scales applied every 128-deep K step; other FP8 block pairings, MXFP8 and NVFP4
+    operands or quantizers are emulated: both operands' dequantized bf16 values through the bf16 grouped GEMM. FP8 rhs must be
     [G, N, K] (FP8 tensor cores are TN); E5M2 x E5M2 is refused; `use_split_accumulator=False` takes the tensor
     cores' faster, less precise FP8 accumulation (SPEC §6.3). The output is the operands' dtype (bf16 for FP8)
     unless `out_dtype` is given. Shapes and every rule are checked at trace time by the core's planner."""
     _register()
     form = _contracting(contracting_dims, len(rhs.shape))
     rhs_kn, wgrad = form == "KN", form == "wgrad"
-    if not wgrad:
-        lhs, rhs, lhs_quantizer, rhs_quantizer = _emulate(lhs, rhs, lhs_quantizer, rhs_quantizer)
-    lhs_data, lhs_scale, nominal = _lhs(lhs, lhs_quantizer)
-    if wgrad:
+    block = None if wgrad or rhs_kn else _native_block(lhs, rhs, lhs_quantizer, rhs_quantizer)
+    if block is not None:
+        lhs_data, lhs_scale, rhs_data, rhs_scale = block
+        nominal = jnp.dtype(jnp.bfloat16)
+    elif wgrad:
+        lhs_data, lhs_scale, nominal = _lhs(lhs, lhs_quantizer)
         if rhs_quantizer is not None or isinstance(rhs, ScaledTensor) or lhs_scale.shape[0] > 0:
             raise NotImplementedError("tej.grouped_gemm: not yet supported: FP8 operands in the weight-gradient "
                                       "form (contracting the grouped rows); pass the bf16 dy and x")
         rhs_data, rhs_scale = jnp.asarray(rhs), jnp.zeros((0,), jnp.float32)
     else:
+        lhs, rhs, lhs_quantizer, rhs_quantizer = _emulate(lhs, rhs, lhs_quantizer, rhs_quantizer)
+        lhs_data, lhs_scale, nominal = _lhs(lhs, lhs_quantizer)
         rhs_data, rhs_scale = _rhs(rhs, rhs_quantizer)
     group_sizes = jnp.asarray(group_sizes)
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):

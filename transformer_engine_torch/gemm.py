@@ -15,6 +15,7 @@ from .dtypes import DType, FLOAT_DTYPES, as_dtype, to_torch_dtype
 from .cast import quantize
 from .formats.base import TENSOR_CLASSES, QuantizedTensor, _rows_cols, _transposed_shape, check_quantizer
 from .formats.fp8 import Float8Quantizer, Float8Tensor
+from .formats.fp8_block import Float8BlockwiseQTensor
 from .formats.nvfp4 import nvfp4_global_decode
 
 _GEMM = torch.ops.te.gemm.default
@@ -453,6 +454,34 @@ def _emulated(t) -> bool:
     return isinstance(t, QuantizedTensor) and not isinstance(t, Float8Tensor)
 
 
+def _native_block_pair(x, ws) -> bool:
+    """FP8 block operands the grouped kernel takes natively: x with 1x128 blocks, every weight with 128x128 tiles,
+    both with their rowwise copies (SPEC §6.6's 1-D x 2-D pairing, as DeepSeek-style MoE training quantizes)."""
+    def block(t, two_d):
+        return isinstance(t, Float8BlockwiseQTensor) and t._is_2D_scaled == two_d and t._rowwise_data is not None
+    if len(ws) == 1 and isinstance(ws[0], QuantizedTensor) and ws[0].dim() == 3:  # one [G, N, K] tensor
+        return block(x, False) and block(ws[0], True) and ws[0].shape[1] % 128 == 0
+    return block(x, False) and len(ws) > 0 and all(block(wg, True) for wg in ws)
+
+
+def _block_operands(x, ws):
+    """(lhs codes [M, K], its 1x128 scale_inv, rhs codes [G, N, K], the per-group 128x128 scale_inv [G, ...], their
+    DType codes) of a native FP8 block pair. ws: one [G, N, K] tensor with N a multiple of 128 (its tiles are the
+    per-group ones: used as stored), or the per-group weights (stacked on each call)."""
+    codes = {int(wg._fp8_dtype) for wg in ws}
+    if len(codes) != 1:
+        raise TypeError("grouped_gemm: the per-group weights must share one FP8 dtype")
+    lhs = x._rowwise_data.reshape(_rows_cols(x.shape))
+    if len(ws) == 1 and ws[0].dim() == 3:
+        g, n, _ = ws[0].shape
+        s = ws[0]._rowwise_scale_inv
+        return lhs, x._rowwise_scale_inv, ws[0]._rowwise_data, s.reshape(g, n // 128, s.shape[-1]), \
+            int(x._fp8_dtype), codes.pop()
+    rhs = torch.stack([wg._rowwise_data for wg in ws])
+    rhs_s = torch.stack([wg._rowwise_scale_inv for wg in ws])
+    return lhs, x._rowwise_scale_inv, rhs, rhs_s, int(x._fp8_dtype), codes.pop()
+
+
 def _grouped_weight_parts(w, w_scale_inv):
     """rhs codes/values [G, ...], its per-group scale_inv [G] or None, DType code. A list of per-group weights (or
     Float8Tensors, each with its own scale) is stacked."""
@@ -481,9 +510,12 @@ def grouped_gemm(x, w, group_sizes=None, *, offsets=None, w_layout="NK", x_scale
     FP8 (per-tensor scaling): x as a Float8Tensor, FP8 codes with `x_scale_inv` [1], or a plain tensor and
     `x_quantizer`; w as FP8 codes [G, N, K] with `w_scale_inv` [G], a list of G Float8Tensors, or a plain tensor and
     `w_quantizer` (each group quantized on its own). E5M2 x E5M2 is refused, and FP8 w must be "NK" (FP8 tensor
-    cores are TN). MXFP8, FP8 block (1x128 / 128x128) and NVFP4 operands or quantizers are emulated: both operands'
-    dequantized bf16 values through the bf16 grouped GEMM; `use_split_accumulator=False` takes the tensor cores' faster, less precise FP8 accumulation
-    (SPEC §6.3). The output is x's dtype (bf16 for FP8) unless `out_dtype` says otherwise."""
+    cores are TN). FP8 block operands run natively when x has 1x128 blocks and w 128x128 tiles (block_scaling_dim 1
+    and 2: the scales applied every 128-deep K step, always promoted) — w as G per-group tensors (stacked on each
+    call), or one quantized [G, N, K] tensor with N a multiple of 128 (no copy); other pairings, MXFP8 and NVFP4 are
+    emulated: both operands' dequantized bf16 values through the bf16 grouped GEMM. `use_split_accumulator=False`
+    takes the tensor cores' faster, less precise FP8 per-tensor accumulation (SPEC §6.3). The output is x's dtype
+    (bf16 for quantized x) unless `out_dtype` says otherwise."""
     if w_layout not in ("NK", "KN"):
         raise ValueError(f"grouped_gemm: w_layout must be 'NK' ([G, N, K]) or 'KN' ([G, K, N]), got {w_layout!r}")
     if (group_sizes is None) == (offsets is None):
@@ -498,9 +530,15 @@ def grouped_gemm(x, w, group_sizes=None, *, offsets=None, w_layout="NK", x_scale
             raise ValueError("grouped_gemm: w_quantizer quantizes a plain [G, ...] weight tensor")
         w = [quantize(w[g], w_quantizer) for g in range(w.shape[0])]
     ws = w if isinstance(w, (list, tuple)) else [w]
+    sizes = _group_sizes(group_sizes, offsets)
+    out_code = int(as_dtype(out_dtype if out_dtype is not None else torch.bfloat16, "grouped_gemm out_dtype"))
+    if _native_block_pair(x, ws) and w_layout == "NK" and x_scale_inv is None and w_scale_inv is None:
+        lhs, lhs_s, rhs, rhs_s, lhs_code, rhs_code = _block_operands(x, ws)
+        return call(_GROUPED, (lhs, rhs, sizes, lhs_s, rhs_s, lhs_code, rhs_code, False, out_code,
+                               bool(use_split_accumulator)))
     if _emulated(x) or any(_emulated(wg) for wg in ws):
-        # MXFP8, FP8 block and NVFP4 operands (no grouped tensor-core kernel for them yet): both operands' values in
-        # bf16, then the bf16 grouped GEMM (SPEC §6.7's emulation).
+        # MXFP8, NVFP4 and the other FP8 block pairings (no grouped tensor-core kernel for them): both operands'
+        # values in bf16, then the bf16 grouped GEMM (SPEC §6.7's emulation).
         if x_scale_inv is not None or w_scale_inv is not None:
             raise ValueError("grouped_gemm: raw FP8 codes with a scale_inv cannot meet an emulated (MXFP8 / FP8 block "
                              "/ NVFP4) operand; pass quantized tensors")
@@ -509,7 +547,6 @@ def grouped_gemm(x, w, group_sizes=None, *, offsets=None, w_layout="NK", x_scale
         w = ws if isinstance(w, (list, tuple)) else ws[0]
     lhs, lhs_s, lhs_code = _grouped_operand("x", x, x_scale_inv)
     rhs, rhs_s, rhs_code = _grouped_weight_parts(w, w_scale_inv)
-    sizes = _group_sizes(group_sizes, offsets)
     if out_dtype is None:
         out_dtype = x.dtype if isinstance(x, torch.Tensor) and x.dtype in _PLAIN_CODES and not \
             isinstance(x, QuantizedTensor) else torch.bfloat16

@@ -355,11 +355,27 @@ def test_fp8_errors_at_trace_time():
         trace(lambda a, b: tej.gemm(a, b), tej.quantize(x, e4), x)
 
 
-def test_block_formats_on_the_cpu():
+@pytest.mark.parametrize("dims", [(1, 1), (1, 2), (2, 1)], ids=["1dx1d", "1dx2d", "2dx1d"])
+def test_fp8_block_on_the_cpu(dims):
+    """FP8 block operands on the CPU: the core's CPU kernel decodes every element with its block's scale exactly
+    (fl(code · scale_inv), as dequantize does) and accumulates in FP64 — within half a bf16 ulp of the float64
+    product of the dequantized operands, partial blocks included; and the same bytes as tex on the CPU."""
+    mode = {1: SM.BLOCK_SCALING_1x128, 2: SM.BLOCK_SCALING_128x128}
+    x, w = operands("TN", 200, 208, 144, jnp.bfloat16, 16)  # x [200, 208] (M, K), w [144, 208] (N, K)
+    spread = np.exp2(np.random.default_rng(17).integers(-6, 7, (2, 2)))  # the blocks' magnitudes differ
+    x = (np.asarray(x, F64) * spread[np.arange(200)[:, None] // 128, np.arange(208)[None] // 128]).astype(x.dtype)
+    qx, qw = tej.quantize(jnp.asarray(x), quantizer(mode[dims[0]])), tej.quantize(w, quantizer(mode[dims[1]]))
+    out = jax.jit(lambda a, b: tej.gemm(a, b, ((1,), (1,))))(qx, qw)
+    want = ref(qx.dequantize(jnp.float32), qw.dequantize(jnp.float32), ((1,), (1,)))
+    np.testing.assert_allclose(np.asarray(out, F64), want, rtol=2.0 ** -8, atol=1e-6 * np.abs(want).max())
+    tq = lambda d: tex.Float8BlockQuantizer(tex.DType.kFloat8E4M3, block_scaling_dim=d)  # noqa: E731
+    want_tex = tex_gemm(tex.quantize(to_torch(jnp.asarray(x)), tq(dims[0])), tex.quantize(to_torch(w), tq(dims[1])),
+                        "TN", "cpu")[0]
+    same_bytes(out, want_tex, f"FP8 block {dims} on the CPU")
+
+
+def test_emulated_block_formats_on_the_cpu():
     x = jnp.zeros((128, 128), jnp.bfloat16)
-    qb = tej.quantize(x, quantizer(SM.BLOCK_SCALING_1x128))
-    with pytest.raises(NotImplementedError, match=r"not yet supported: FP8 block 1x128 operands in the CPU kernel"):
-        trace(lambda a, b: tej.gemm(a, b, ((1,), (1,))), qb, qb)
     qm = tej.quantize(x, quantizer(SM.MXFP8_1D_SCALING))
     with pytest.raises(NotImplementedError, match=r"not yet supported: lhs ScaledTensor\(128, 128\) "
                                                   r"MXFP8_1D_SCALING.*sm_90"):

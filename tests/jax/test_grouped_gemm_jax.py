@@ -92,7 +92,21 @@ def parity_cases(device):
                                 w_scale_inv=to_torch(jnp.concatenate([t.scale_inv for t in wq])).to(device),
                                 use_split_accumulator=split)
         cases.append((f"FP8 {jnp.dtype(lhs_dt).name} x e4m3 per-group scales split={split}", got, want))
+    # FP8 blocks, natively (lhs 1x128, rhs 128x128 per group): each frontend quantizes the same bf16 bytes.
+    x, w = operands(256, 192, 208, 5, jnp.bfloat16, False, 6)
+    got = jax.jit(lambda a, b, s: tej.grouped_gemm(a, b, s, lhs_quantizer=block_q(SM.BLOCK_SCALING_1x128),
+                                                   rhs_quantizer=block_q(SM.BLOCK_SCALING_128x128)))(
+        put(x), put(w), put(gs))
+    blk = lambda dim: tex.Float8BlockQuantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=False,  # noqa: E731
+                                               block_scaling_dim=dim)
+    want = tex.grouped_gemm(to_torch(x).to(device), to_torch(w).to(device), ts, x_quantizer=blk(1),
+                            w_quantizer=blk(2))
+    cases.append(("FP8 block 1x128 x 128x128", got, want))
     return cases
+
+
+def block_q(mode, dtype=jnp.float8_e4m3fn):
+    return tej.QuantizerFactory.create(scaling_mode=mode, q_dtype=dtype, q_layout=tej.QuantizeLayout.ROWWISE)
 
 
 def test_bytes_equal_tex_cpu():
@@ -117,6 +131,47 @@ def test_fp8_vs_dequantized_float64():
     wd = jnp.stack([tej.quantize(w[g], q()).dequantize(jnp.float32) for g in range(len(SIZES))])
     want = ref64(xd, wd, SIZES, False)
     np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=2.0 ** -8, atol=1e-5)
+
+
+@pytest.mark.parametrize("rhs_form", ["quantizer", "scaled_tensor"])
+def test_fp8_block_native_vs_dequantized_float64(rhs_form):
+    """FP8 blocks natively: lhs 1x128, rhs 128x128 tiles per group, given as a quantizer (each group quantized on its
+    own) or as one [G, N, K] ScaledTensor with N a multiple of 128 (its tiles are the per-group ones); within the
+    bf16 rounding of the float64 product of the dequantized operands, under jit."""
+    rng = np.random.default_rng(7)
+    sizes = [37, 0, 50, -3, 60]
+    x = rng.uniform(-2, 2, (160, 256)) * np.exp2(rng.integers(-6, 7, (160, 2))).repeat(128, 1)
+    w = rng.uniform(-2, 2, (5, 128, 256)) * np.exp2(rng.integers(-6, 7, (5, 1, 2))).repeat(128, 2)
+    x, w = jnp.asarray(x, jnp.bfloat16), jnp.asarray(w, jnp.bfloat16)
+    ql, qr = block_q(SM.BLOCK_SCALING_1x128, jnp.float8_e5m2), block_q(SM.BLOCK_SCALING_128x128)
+    if rhs_form == "quantizer":
+        out = jax.jit(lambda a, b: tej.grouped_gemm(a, b, jnp.asarray(sizes, jnp.int32), lhs_quantizer=ql,
+                                                    rhs_quantizer=qr))(x, w)
+        wd = jnp.stack([tej.quantize(w[g], qr).dequantize(jnp.float32) for g in range(5)])
+    else:
+        wt = tej.quantize(w, qr)
+        out = jax.jit(lambda a, b: tej.grouped_gemm(a, b, jnp.asarray(sizes, jnp.int32), lhs_quantizer=ql))(x, wt)
+        wd = wt.dequantize(jnp.float32)
+    want = ref64(tej.quantize(x, ql).dequantize(jnp.float32), wd, sizes, False)
+    np.testing.assert_allclose(np.asarray(out, np.float64), want, rtol=2.0 ** -8, atol=1e-5 * np.abs(want).max())
+    assert not np.asarray(out, np.float32)[147:].any()
+
+
+def test_fp8_block_scale_shape_errors():
+    """The core's planner names a block scale of the wrong shape (SPEC §4.8's padded shapes) and the pairing."""
+    codes = [([150, 208], 7), ([3, 200, 208], 7), ([3], 2), ([2, 152], 4), ([3, 2, 4], 4)]  # 7: E4M3, 4: fp32
+    plan = _ffi.plan_grouped_gemm(codes, False, 6, False, True)
+    assert plan["out"][0] == [150, 200]
+    bad_lhs = [codes[0], codes[1], codes[2], ([2, 150], 4), codes[4]]
+    with pytest.raises(ValueError, match=r"lhs_scale_inv \(1x128 blocks along k\) as a contiguous float32 "
+                                         r"\[2, 152\], got fp32 \[2, 150\]"):
+        _ffi.plan_grouped_gemm(bad_lhs, False, 6, False, True)
+    bad_rhs = [codes[0], codes[1], codes[2], codes[3], ([3, 2, 2], 4)]
+    with pytest.raises(ValueError, match=r"rhs_scale_inv \(128x128 tiles per group\) as a contiguous float32 "
+                                         r"\[3, 2, 4\]"):
+        _ffi.plan_grouped_gemm(bad_rhs, False, 6, False, True)
+    with pytest.raises(ValueError, match=r"rhs_scale_inv \(128x128 tiles per group\)"):  # 1x128 x per-group scale
+        _ffi.plan_grouped_gemm([codes[0], codes[1], codes[2], codes[3], ([3], 4)], False, 6, False, True)
 
 
 def test_edge_shapes():

@@ -279,3 +279,65 @@ def test_grouped_emulated_formats(tex, device, fmt):
     wd = torch.stack([tex.quantize(w[g], q()).dequantize(torch.bfloat16) for g in range(3)])
     assert torch.equal(got, tex.grouped_gemm(xd, wd, ts))
     assert not torch.equal(got, tex.grouped_gemm(x, w, ts))
+
+
+def block_quantizer(fmt, dim):
+    return tex_module().Float8BlockQuantizer(tex_module().DType.kFloat8E4M3 if fmt == "e4m3" else
+                                             tex_module().DType.kFloat8E5M2, rowwise=True, columnwise=False,
+                                             block_scaling_dim=dim)
+
+
+def block_spread(shape, device, seed):
+    """Values whose magnitude changes by powers of two from one 128-block (x: per row and k block; w: per 128x128
+    tile) to the next, so that a block read with the wrong scale is far off."""
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randint(-6, 7, shape, generator=g).to(torch.float32)
+    return torch.exp2(e).to(device)
+
+
+@pytest.mark.parametrize("shape", [(160, 256, 384), (150, 200, 208)], ids=["whole_blocks", "partial_blocks"])
+@pytest.mark.parametrize("pair", [("e4m3", "e4m3"), ("e5m2", "e4m3")])
+def test_grouped_fp8_block_native(tex, device, pair, shape):
+    """FP8 blocks natively: x with 1x128 blocks, each expert's weight with 128x128 tiles (quantized per group). Every
+    block's two scales are applied (CUTLASS's blockwise kernel on CUDA, the exact decode on the CPU): within the bf16
+    rule of the float64 product of the dequantized operands, groups starting inside 128-row and 4-row scale blocks,
+    partial k blocks and n tiles, padded scale tensors and an empty group included."""
+    m, n, k = shape
+    sizes = [41, 0, 57, m - 41 - 57 - 9]  # 9 rows past the sum: zeros
+    x = rnd((m, k), torch.bfloat16, device, 21)
+    x = (x.float() * block_spread((m, (k + 127) // 128), device, 22).repeat_interleave(128, 1)[:, :k]).bfloat16()
+    w = rnd((4, n, k), torch.bfloat16, device, 23)
+    tiles = block_spread((4, (n + 127) // 128, (k + 127) // 128), device, 24)
+    w = (w.float() * tiles.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :n, :k]).bfloat16()
+    xq, wq = block_quantizer(pair[0], 1), block_quantizer(pair[1], 2)
+    ts = torch.tensor(sizes, dtype=torch.int32, device=device)
+    out = tex.grouped_gemm(x, w, ts, x_quantizer=xq, w_quantizer=wq)
+    assert out.dtype == torch.bfloat16
+    xd = tex.quantize(x, xq).dequantize(torch.float32)
+    wd = torch.stack([tex.quantize(w[g], wq).dequantize(torch.float32) for g in range(4)])
+    r64, base = reference(xd, wd, sizes, False, torch.bfloat16)
+    assert_grouped_close(out, r64, base, torch.bfloat16, f"FP8 block {pair} {shape}")
+    assert torch.count_nonzero(out[m - 9:]) == 0
+    # Quantized tensors given directly: the same call, the same bytes.
+    again = tex.grouped_gemm(tex.quantize(x, xq), [tex.quantize(w[g], wq) for g in range(4)], ts)
+    assert torch.equal(again, out)
+    if n % 128 == 0:  # one quantized [G, N, K] tensor: its 128x128 tiles are the per-group ones, used as stored
+        assert torch.equal(tex.grouped_gemm(tex.quantize(x, xq), tex.quantize(w, wq), ts), out)
+
+
+@pytest.mark.cuda
+def test_grouped_fp8_block_cuda_graph(tex):
+    """The block kernel (scale layout prep, problem table, grouped kernel) captured once and replayed with new sizes:
+    each replay equals an eager call bit for bit."""
+    m, n, k = 384, 256, 512
+    x, w = rnd((m, k), torch.bfloat16, "cuda", 25), rnd((4, n, k), torch.bfloat16, "cuda", 26)
+    xt = tex.quantize(x, block_quantizer("e4m3", 1))
+    wt = [tex.quantize(w[g], block_quantizer("e4m3", 2)) for g in range(4)]
+    sizes = torch.tensor([96, 96, 96, 96], dtype=torch.int32, device="cuda")
+    graph, out = capture_graph(lambda: tex.grouped_gemm(xt, wt, sizes))
+    for new in ([384, 0, 0, 0], [0, 200, 0, 100], [17, 0, 255, 100]):
+        sizes.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        eager = tex.grouped_gemm(xt, wt, sizes)
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), new

@@ -24,8 +24,9 @@
 namespace te {
 
 // How an operand's values are scaled. kNone and kFp8PerTensor run everywhere; the FP8 block modes run natively
-// through cuBLASLt on sm_90, MXFP8 and NVFP4 on sm_100+ (SPEC §6.6); the CPU kernel refuses the block formats
-// (the Python wrapper dequantizes them exactly there, and emulates them on GPUs without a native kernel).
+// through cuBLASLt on sm_90, MXFP8 and NVFP4 on sm_100+ (SPEC §6.6). The CPU kernel decodes FP8 blocks exactly
+// (fl(code · scale_inv), as dequantize does) and refuses MXFP8 / NVFP4 (the Python wrappers dequantize them exactly
+// there, and emulate them on GPUs without a native kernel).
 enum class GemmScaling : int { kNone = 0, kFp8PerTensor = 1, kMxfp8 = 2, kNvfp4 = 3, kFp8Block1d = 4, kFp8Block2d = 5 };
 
 // Epilogue applied after alpha·op(B)op(A) + beta·D_in (SPEC §6.2).

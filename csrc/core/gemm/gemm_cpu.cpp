@@ -63,14 +63,25 @@ float load(const void* p, int64_t i, DType d, float scale_inv) {
 
 // op(X) as a contiguous FP32 matrix [outer, k]: op(A)ᵀ = [m, k] for A, op(B) = [n, k] for B.
 // `k_major` says whether the stored operand already runs along k in memory (A with trans, B without).
+// FP8 blocks: the scale_inv of the stored element (r, c), by gemm.h's layouts (SPEC §4.8).
+float block_scale_inv(const GemmOperand& x, int64_t r, int64_t c) {
+  const float* s = static_cast<const float*>(x.scale_inv);
+  constexpr int64_t b = 128;
+  if (x.scaling == GemmScaling::kFp8Block1d) return s[(c / b) * ((x.rows + 3) / 4 * 4) + r];
+  return s[(r / b) * (((x.cols + b - 1) / b + 3) / 4 * 4) + c / b];
+}
+
 std::vector<float> decode_k_contiguous(const GemmOperand& x, bool k_major, int64_t outer, int64_t k,
                                        const GemmParallelFor& pf) {
   std::vector<float> out(size_t(outer) * size_t(k));
+  const bool block = x.scaling == GemmScaling::kFp8Block1d || x.scaling == GemmScaling::kFp8Block2d;
   const float s = (x.scaling == GemmScaling::kFp8PerTensor) ? *static_cast<const float*>(x.scale_inv) : 1.0f;
   pf(outer, [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o)
-      for (int64_t j = 0; j < k; ++j)
-        out[size_t(o) * k + j] = load(x.data, k_major ? o * x.cols + j : j * x.cols + o, x.dtype, s);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = k_major ? o : j, c = k_major ? j : o;  // the stored element
+        out[size_t(o) * k + j] = load(x.data, r * x.cols + c, x.dtype, block ? block_scale_inv(x, r, c) : s);
+      }
   });
   return out;
 }
@@ -79,7 +90,7 @@ std::vector<float> decode_k_contiguous(const GemmOperand& x, bool k_major, int64
 
 void gemm_cpu(const GemmArgs& g, const GemmParallelFor& pf) {
   for (const GemmOperand* op : {&g.a, &g.b}) {
-    if (op->scaling != GemmScaling::kNone && op->scaling != GemmScaling::kFp8PerTensor)
+    if (op->scaling == GemmScaling::kMxfp8 || op->scaling == GemmScaling::kNvfp4)
       core_fail(std::string("gemm_cpu: operands scaled as ") + gemm_scaling_name(op->scaling) +
                 " are not supported yet; dequantize them to bf16 first");
   }

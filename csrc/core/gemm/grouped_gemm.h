@@ -9,6 +9,9 @@
 // counts as 0 and sizes summing past m_total are cut at m_total (the groups past it get no rows); the rows past the
 // last group's end are written as zeros. These are rules, not errors, because the sizes are only known on the device.
 // FP8 per-tensor operands: lhs has one scale_inv [1], rhs one per group [groups]; d = (lhs·rhs[g]ᵀ)·s_lhs·s_rhs[g].
+// FP8 block operands (block_scaling; SPEC §4.7/§4.8 layouts, [groups, n, k] rhs only): lhs 1x128 blocks along k,
+// scale_inv [ceil(k/128), roundup(m_total, 4)] (rows contiguous); rhs[g] 128x128 tiles, scale_inv
+// [groups, ceil(n/128), roundup(ceil(k/128), 4)]; d = Σ_kb (lhs block · rhs tile)·s_lhs[kb, row]·s_rhs[g, nb, kb].
 //
 // The weight-gradient form (wgrad) contracts the grouped rows instead: lhs [m_total, n] (dy), rhs [m_total, k] (x),
 // d [groups, n, k] with d[g] = lhs[rows of g]ᵀ · rhs[rows of g] (zeros for a group without rows); plain operands only.
@@ -30,8 +33,9 @@ struct GroupedGemmArgs {
   DType rhs_dtype = DType::kBFloat16;
   bool rhs_kn = false;
   bool wgrad = false;                   // the weight-gradient form above: rhs [m_total, k], d [groups, n, k]
-  const float* lhs_scale_inv = nullptr; // FP8: [1]
-  const float* rhs_scale_inv = nullptr; // FP8: [groups]
+  const float* lhs_scale_inv = nullptr; // FP8: [1]; block_scaling: [ceil(k/128), roundup(m_total, 4)]
+  const float* rhs_scale_inv = nullptr; // FP8: [groups]; block_scaling: [groups, ceil(n/128), roundup(ceil(k/128), 4)]
+  bool block_scaling = false;           // FP8 lhs 1x128 x rhs 128x128 (above) instead of per-tensor scales
   const int32_t* group_sizes = nullptr; // [groups], on the operands' device
   void* d = nullptr;                    // [m_total, n]
   DType d_dtype = DType::kBFloat16;
@@ -43,6 +47,13 @@ struct GroupedGemmArgs {
 
 // A group's row count as the rules above count it (host and device).
 TE_HD int64_t grouped_gemm_clamp_size(int32_t s) { return s > 0 ? int64_t(s) : 0; }
+
+// The FP8 block-scale geometry of the layouts above (host and device).
+constexpr int64_t kGroupedBlock = 128;
+TE_HD int64_t grouped_kb(int64_t k) { return (k + kGroupedBlock - 1) / kGroupedBlock; }           // k blocks
+TE_HD int64_t grouped_nb(int64_t n) { return (n + kGroupedBlock - 1) / kGroupedBlock; }           // n tiles
+TE_HD int64_t grouped_lhs_scale_ld(int64_t m_total) { return (m_total + 3) / 4 * 4; }             // lhs: rows, padded
+TE_HD int64_t grouped_rhs_scale_ld(int64_t k) { return (grouped_kb(k) + 3) / 4 * 4; }             // rhs: k blocks, padded
 
 // CPU: each group through gemm_cpu (exact decode, FP64 accumulation, one rounding); group_sizes in host memory.
 void grouped_gemm_cpu(const GroupedGemmArgs& g, const GemmParallelFor& parallel_for);

@@ -1,7 +1,9 @@
 // The CPU grouped GEMM: the rules of grouped_gemm.h over host memory, each group through the exact CPU GEMM.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
+#include "../common/formats.h"
 #include "gemm_epilogue.h"
 #include "grouped_gemm.h"
 
@@ -33,6 +35,35 @@ void grouped_wgrad_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf, size
   }
 }
 
+// FP8 block operands decoded exactly as the quantized tensors' dequantize does: fl(code · scale_inv) in FP32.
+// lhs rows [begin, end) of the group → [rows, k]; rhs[e] → [n, k].
+void decode_block_lhs(const GroupedGemmArgs& g, int64_t begin, int64_t end, std::vector<float>& out) {
+  const bool e4m3 = g.lhs_dtype == DType::kFloat8E4M3;
+  const uint8_t* codes = static_cast<const uint8_t*>(g.lhs);
+  const int64_t ld = grouped_lhs_scale_ld(g.m_total);
+  out.resize(size_t(end - begin) * size_t(g.k));
+  for (int64_t r = begin; r < end; ++r) {
+    for (int64_t c = 0; c < g.k; ++c) {
+      out[size_t(r - begin) * size_t(g.k) + size_t(c)] =
+          fp8_to_float(codes[r * g.k + c], e4m3) * g.lhs_scale_inv[(c / kGroupedBlock) * ld + r];
+    }
+  }
+}
+
+void decode_block_rhs(const GroupedGemmArgs& g, int64_t e, std::vector<float>& out) {
+  const bool e4m3 = g.rhs_dtype == DType::kFloat8E4M3;
+  const uint8_t* codes = static_cast<const uint8_t*>(g.rhs) + size_t(e) * size_t(g.n) * size_t(g.k);
+  const int64_t ld = grouped_rhs_scale_ld(g.k);
+  const float* s = g.rhs_scale_inv + size_t(e) * size_t(grouped_nb(g.n)) * size_t(ld);
+  out.resize(size_t(g.n) * size_t(g.k));
+  for (int64_t r = 0; r < g.n; ++r) {
+    for (int64_t c = 0; c < g.k; ++c) {
+      out[size_t(r) * size_t(g.k) + size_t(c)] =
+          fp8_to_float(codes[r * g.k + c], e4m3) * s[(r / kGroupedBlock) * ld + c / kGroupedBlock];
+    }
+  }
+}
+
 }  // namespace
 
 void grouped_gemm_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf) {
@@ -44,6 +75,7 @@ void grouped_gemm_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf) {
     grouped_wgrad_cpu(g, pf, lhs_elt, d_elt);
     return;
   }
+  std::vector<float> lhs_values, rhs_values;  // FP8 block operands, decoded per group
   int64_t row = 0;
   for (int64_t e = 0; e < g.groups; ++e) {
     const int64_t begin = std::min(row, g.m_total);
@@ -61,7 +93,13 @@ void grouped_gemm_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf) {
     a.a.cols = g.rhs_kn ? g.n : g.k;
     a.a.dtype = g.rhs_dtype;
     a.a.trans = !g.rhs_kn;
-    if (fp8) {
+    if (g.block_scaling) {  // the exact decode, then the FP32 operands' GEMM (FP64 accumulation, one rounding)
+      decode_block_lhs(g, begin, end, lhs_values);
+      decode_block_rhs(g, e, rhs_values);
+      a.b.data = lhs_values.data();
+      a.a.data = rhs_values.data();
+      a.b.dtype = a.a.dtype = DType::kFloat32;
+    } else if (fp8) {
       a.b.scaling = a.a.scaling = GemmScaling::kFp8PerTensor;
       a.b.scale_inv = g.lhs_scale_inv;
       a.a.scale_inv = g.rhs_scale_inv + e;

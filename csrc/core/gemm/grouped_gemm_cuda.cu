@@ -34,6 +34,10 @@ CutlassKind cutlass_kind(const GroupedGemmArgs& a) {
     return a.rhs_kn ? CutlassKind::kBf16Kn : CutlassKind::kBf16Nk;
   }
   if (a.rhs_kn || a.rhs_dtype != DType::kFloat8E4M3) return CutlassKind::kNone;
+  if (a.block_scaling) {  // always promoted: the scales apply per 128-deep K step
+    if (a.lhs_dtype == DType::kFloat8E4M3) return CutlassKind::kBlockE4m3E4m3;
+    return a.lhs_dtype == DType::kFloat8E5M2 ? CutlassKind::kBlockE5m2E4m3 : CutlassKind::kNone;
+  }
   if (a.lhs_dtype == DType::kFloat8E4M3) return a.fast_accum ? CutlassKind::kE4m3E4m3NkFast : CutlassKind::kE4m3E4m3Nk;
   if (a.lhs_dtype == DType::kFloat8E5M2) return a.fast_accum ? CutlassKind::kE5m2E4m3NkFast : CutlassKind::kE5m2E4m3Nk;
   return CutlassKind::kNone;
@@ -47,6 +51,8 @@ template <class F> auto with_kind(CutlassKind k, F&& f) {
     case CutlassKind::kE5m2E4m3Nk: return f(Cutlass<CutlassKind::kE5m2E4m3Nk>{});
     case CutlassKind::kE4m3E4m3NkFast: return f(Cutlass<CutlassKind::kE4m3E4m3NkFast>{});
     case CutlassKind::kBf16Wgrad: return f(Cutlass<CutlassKind::kBf16Wgrad>{});
+    case CutlassKind::kBlockE4m3E4m3: return f(Cutlass<CutlassKind::kBlockE4m3E4m3>{});
+    case CutlassKind::kBlockE5m2E4m3: return f(Cutlass<CutlassKind::kBlockE5m2E4m3>{});
     default: return f(Cutlass<CutlassKind::kE5m2E4m3NkFast>{});
   }
 }
@@ -83,19 +89,27 @@ __global__ void __launch_bounds__(kThreads) portable_kernel(GroupedGemmArgs a, i
     }
     if (!found) return;  // past the last tile (jobs grow with job, so every later one is too)
     const int64_t r0 = first + t * kTile, c0 = (job % col_tiles) * kTile, r_end = first + rows;
-    const float alpha = gemm_is_fp8(a.lhs_dtype) ? a.lhs_scale_inv[0] * a.rhs_scale_inv[g] : 1.0f;
+    const float alpha =
+        gemm_is_fp8(a.lhs_dtype) && !a.block_scaling ? a.lhs_scale_inv[0] * a.rhs_scale_inv[g] : 1.0f;
     const char* w = static_cast<const char*>(a.rhs);
     const size_t w_elt = gemm_is_fp8(a.rhs_dtype) ? 1 : (a.rhs_dtype == DType::kFloat32 ? 4 : 2);
     w += size_t(g) * size_t(a.n) * size_t(a.k) * w_elt;
+    // FP8 blocks: each value decoded with its block's scale (grouped_gemm.h's layouts).
+    const int64_t lhs_ld = grouped_lhs_scale_ld(a.m_total), rhs_ld = grouped_rhs_scale_ld(a.k);
+    const float* rhs_s = a.block_scaling ? a.rhs_scale_inv + g * grouped_nb(a.n) * rhs_ld : nullptr;
     float acc[4][4] = {};
     for (int64_t k0 = 0; k0 < a.k; k0 += kDepth) {
       for (int i = threadIdx.x; i < kDepth * kTile; i += kThreads) {
         const int kk = i % kDepth, rr = i / kDepth;
         const int64_t r = r0 + rr, c = c0 + rr, k = k0 + kk;
-        xs[kk][rr] = (r < r_end && k < a.k) ? load_operand(a.lhs, r * a.k + k, a.lhs_dtype) : 0.0f;
-        ws[kk][rr] = (c < a.n && k < a.k)
-                         ? load_operand(w, a.rhs_kn ? k * a.n + c : c * a.k + k, a.rhs_dtype)
-                         : 0.0f;
+        float xv = (r < r_end && k < a.k) ? load_operand(a.lhs, r * a.k + k, a.lhs_dtype) : 0.0f;
+        float wv = (c < a.n && k < a.k) ? load_operand(w, a.rhs_kn ? k * a.n + c : c * a.k + k, a.rhs_dtype) : 0.0f;
+        if (a.block_scaling) {
+          if (r < r_end && k < a.k) xv *= a.lhs_scale_inv[(k / kGroupedBlock) * lhs_ld + r];
+          if (c < a.n && k < a.k) wv *= rhs_s[(c / kGroupedBlock) * rhs_ld + k / kGroupedBlock];
+        }
+        xs[kk][rr] = xv;
+        ws[kk][rr] = wv;
       }
       __syncthreads();
 #pragma unroll

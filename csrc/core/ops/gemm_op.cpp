@@ -193,7 +193,8 @@ void check_scaled(const Checker& c, const GemmRequest& r, const GemmArgs& g, con
   if (g.a.scaling == GemmScaling::kNvfp4 && out != DType::kFloat32 && out != DType::kBFloat16) {
     fail(ErrorKind::kValue, msg(op, ": NVFP4 GEMMs write bf16 or fp32, got ", dtype_short_name(out), " (", operands, ")"));
   }
-  if (g.a.scaling != GemmScaling::kFp8PerTensor && !c.ctx.cuda) {
+  const bool fp8_block = g.a.scaling == GemmScaling::kFp8Block1d || g.a.scaling == GemmScaling::kFp8Block2d;
+  if (g.a.scaling != GemmScaling::kFp8PerTensor && !fp8_block && !c.ctx.cuda) {
     fail(ErrorKind::kNotImplemented, msg(op, ": not yet supported: ", fmt, " operands in the CPU kernel (", operands,
                                          "); general_gemm dequantizes them exactly on the CPU"));
   }

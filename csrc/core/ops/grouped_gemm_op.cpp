@@ -49,6 +49,15 @@ struct Checker {
                                    b.present ? dtype_name(b.v.dtype) + " " + shape_str(b.v.shape) : "none"));
     }
   }
+  // An FP8 block scale: float32, contiguous, exactly `want` (SPEC §4.8's padded shapes).
+  void block_scale(const GemmBuffer& b, const char* name, const char* blocks, const Shape& want) const {
+    if (!b.present || !b.contiguous || b.v.dtype != DType::kFloat32 || b.v.shape != want) {
+      fail_(ErrorKind::kValue,
+            msg("FP8 block operands (lhs 1x128 blocks, rhs 128x128 tiles; other block pairings are emulated by the "
+                "frontends) need ", name, " (", blocks, ") as a contiguous float32 ", shape_str(want), ", got ",
+                b.present ? std::string(dtype_short_name(b.v.dtype)) + " " + shape_str(b.v.shape) : "none"));
+    }
+  }
 };
 
 std::string describe(const GroupedGemmRequest& r, const ExecCtx& ctx) {
@@ -123,8 +132,21 @@ GroupedGemmPlan plan_grouped_gemm(const GroupedGemmRequest& r, const ExecCtx& ct
       c.fail_(ErrorKind::kValue, "FP8 grouped GEMM takes rhs as [groups, n, k] only (FP8 tensor cores are TN: quantize "
                                  "the transposed copy instead)");
     }
-    c.scale(r.lhs_scale_inv, "lhs_scale_inv", 1);
-    c.scale(r.rhs_scale_inv, "rhs_scale_inv", a.groups);
+    // The scales' ranks tell the scaling: per-tensor lhs [1] and rhs [groups], or FP8 blocks (grouped_gemm.h).
+    a.block_scaling = r.lhs_scale_inv.present && r.lhs_scale_inv.v.shape.ndim == 2;
+    if (a.block_scaling) {
+      c.block_scale(r.lhs_scale_inv, "lhs_scale_inv", "1x128 blocks along k",
+                    Shape::of(grouped_kb(a.k), grouped_lhs_scale_ld(a.m_total)));
+      Shape rs3;
+      rs3.ndim = 3;
+      rs3.dims[0] = a.groups;
+      rs3.dims[1] = grouped_nb(a.n);
+      rs3.dims[2] = grouped_rhs_scale_ld(a.k);
+      c.block_scale(r.rhs_scale_inv, "rhs_scale_inv", "128x128 tiles per group", rs3);
+    } else {
+      c.scale(r.lhs_scale_inv, "lhs_scale_inv", 1);
+      c.scale(r.rhs_scale_inv, "rhs_scale_inv", a.groups);
+    }
   }
   const DType dd = c.code(r.d_dtype, "output");
   if (!is_plain(dd)) c.fail_(ErrorKind::kType, msg("the output must be bf16, fp16 or fp32, got ", dtype_short_name(dd)));

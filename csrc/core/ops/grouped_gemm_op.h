@@ -15,7 +15,8 @@ namespace ops {
 
 // lhs [m_total, k]; rhs [groups, n, k] (rhs_kn false) or [groups, k, n]; group_sizes int32 [groups]; d [m_total, n].
 // *_dtype_code: the values' DType (FP8 codes may arrive as uint8 buffers); FP8 operands carry lhs_scale_inv f32 [1]
-// and rhs_scale_inv f32 [groups]. d_dtype: bf16, fp16 or fp32 (plain operands: theirs by default).
+// and rhs_scale_inv f32 [groups], or FP8 block scales (lhs 1x128 [ceil(k/128), roundup(m_total, 4)], rhs 128x128
+// [groups, ceil(n/128), roundup(ceil(k/128), 4)]: grouped_gemm.h), told apart by the scales' ranks. d_dtype: bf16, fp16 or fp32 (plain operands: theirs by default).
 struct GroupedGemmRequest {
   const char* op = "grouped_gemm";
   GemmBuffer lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv, d;

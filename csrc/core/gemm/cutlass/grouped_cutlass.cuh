@@ -12,6 +12,7 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
+#include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "cutlass/epilogue/collective/collective_builder.hpp"
 #include "cutlass/gemm/collective/collective_builder.hpp"
 #include "cutlass/gemm/device/gemm_universal_adapter.h"
@@ -63,6 +64,75 @@ struct CutlassConfig {
   using StrideD = typename Kernel::InternalStrideD;
 };
 
+// FP8 blocks (lhs 1x128, rhs 128x128): CUTLASS's blockwise-scaled pointer-array kernel, which multiplies each
+// 128-deep K step's FP32 partial sums by its two scales as it accumulates (promotion every block), 128x128x128
+// tiles. Both scale operands are K-major in the kernel: lhs [rows, ceil(k/128)] from a group's first row on, rhs[g]
+// [ceil(n/128), ceil(k/128)] — the prep kernel below lays them out so from the stored SPEC §4.8 shapes.
+template <class EA, class EB> struct CutlassBlockConfig {
+  using ElementA = EA;
+  using ElementB = EB;
+  using ElementD = cutlass::bfloat16_t;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::ColumnMajor;
+  using LayoutD = cutlass::layout::RowMajor;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  static constexpr int kAlignA = 16, kAlignB = 16, kAlignD = 8;
+  // Spelled as depending on EA: the host compiler then defers the builders to instantiation (a non-dependent
+  // epilogue builder inside a class template fails to parse in gcc).
+  using TileShape = cute::conditional_t<sizeof(EA) == 1, cute::Shape<cute::_128, cute::_128, cute::_128>, void>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_2, cute::_1>;
+  using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::K, cute::GMMA::Major::K>;
+  using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
+  using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, LayoutD*, kAlignD, ElementD, LayoutD*,
+      kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, float, void, float>>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EA, cute::tuple<LayoutA*, LayoutSFA*>, kAlignA, EB,
+      cute::tuple<LayoutB*, LayoutSFB*>, kAlignB, float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8BlockScaledAccum>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+};
+
+template <class C, class = void> struct IsBlock : cute::false_type {};
+template <class C> struct IsBlock<C, cute::void_t<typename C::ScaleConfig>> : cute::true_type {};
+
+// The per-group scale layouts of a block kind (K-major, see CutlassBlockConfig); void-free stand-ins otherwise.
+template <class C, bool = IsBlock<C>::value> struct ScaleLayouts {
+  using SFA = char;
+  using SFB = char;
+};
+template <class C> struct ScaleLayouts<C, true> {
+  using SFA = typename C::LayoutSFA;
+  using SFB = typename C::LayoutSFB;
+};
+
+// FP8 blocks: the stored scales → the kernel's K-major operands in the workspace. lhs [ceil(k/128), ld_m]
+// (rows contiguous) → sfa [m_total, kb]; rhs [groups, nb, ld_kb] → sfb [groups, nb, kb] (padding dropped).
+// (A template, so that each kernel TU's copy merges at link time.)
+template <int = 0> __global__ void block_scale_prep_kernel(GroupedGemmArgs a, float* sfa, float* sfb) {
+  const int64_t kb = grouped_kb(a.k), nb = grouped_nb(a.n);
+  const int64_t lhs_ld = grouped_lhs_scale_ld(a.m_total), rhs_ld = grouped_rhs_scale_ld(a.k);
+  const int64_t n_a = a.m_total * kb, n_b = a.groups * nb * kb;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n_a + n_b;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if (i < n_a) {
+      const int64_t r = i / kb, c = i % kb;
+      sfa[i] = a.lhs_scale_inv[c * lhs_ld + r];
+    } else {
+      const int64_t j = i - n_a, row = j / kb, c = j % kb;  // row = g·nb + the n tile
+      sfb[j] = a.rhs_scale_inv[row * rhs_ld + c];
+    }
+  }
+}
+
 // A packed rank-3 stride whose one dynamic mode among the first two is the leading dimension `ld`.
 template <class Stride> __device__ Stride packed_stride(int64_t ld) {
   Stride s{};
@@ -85,16 +155,32 @@ template <class C> struct Table {
   typename C::StrideD* sd;
   float* alpha;
   const float** alpha_ptr;
+  // FP8 blocks only (zero-length otherwise): per-group scale pointers and layouts, the K-major scales.
+  const float** sfa_ptr;
+  const float** sfb_ptr;
+  typename ScaleLayouts<C>::SFA* sfa_layout;
+  typename ScaleLayouts<C>::SFB* sfb_layout;
+  float* sfa;
+  float* sfb;
   void* kernel_ws;
 
-  static size_t bytes(int64_t groups) { return carve(nullptr, groups).second; }
-  static std::pair<Table, size_t> carve(void* base, int64_t groups) {
+  static size_t bytes(const GroupedGemmArgs& a) { return carve(nullptr, a).second; }
+  static std::pair<Table, size_t> carve(void* base, const GroupedGemmArgs& a) {
     Table t{};
     size_t off = 0;
-    const auto take = [&](auto*& p, size_t elt) {
+    const int64_t groups = a.groups;
+    const auto take_n = [&](auto*& p, size_t elt, int64_t count) {
       p = reinterpret_cast<cute::remove_reference_t<decltype(p)>>(static_cast<char*>(base) + off);
-      off += (size_t(groups) * elt + 255) & ~size_t(255);
+      off += (size_t(count) * elt + 255) & ~size_t(255);
     };
+    const auto take = [&](auto*& p, size_t elt) { take_n(p, elt, groups); };
+    const int64_t block_groups = IsBlock<C>::value ? groups : 0;
+    take_n(t.sfa_ptr, sizeof(*t.sfa_ptr), block_groups);
+    take_n(t.sfb_ptr, sizeof(*t.sfb_ptr), block_groups);
+    take_n(t.sfa_layout, sizeof(*t.sfa_layout), block_groups);
+    take_n(t.sfb_layout, sizeof(*t.sfb_layout), block_groups);
+    take_n(t.sfa, sizeof(float), IsBlock<C>::value ? a.m_total * grouped_kb(a.k) : 0);
+    take_n(t.sfb, sizeof(float), IsBlock<C>::value ? groups * grouped_nb(a.n) * grouped_kb(a.k) : 0);
     take(t.shapes, sizeof(*t.shapes));
     take(t.a, sizeof(*t.a));
     take(t.b, sizeof(*t.b));
@@ -133,7 +219,15 @@ template <class C, bool kFp8> struct FillTable {
       t.sb[g] = packed_stride<typename C::StrideB>(a.rhs_kn ? a.n : a.k);
       t.sd[g] = packed_stride<typename C::StrideD>(a.n);
     }
-    t.alpha[g] = kFp8 ? a.lhs_scale_inv[0] * a.rhs_scale_inv[g] : 1.0f;
+    if constexpr (IsBlock<C>::value) {  // the scales go in the main loop; the epilogue's alpha is 1
+      t.alpha[g] = 1.0f;
+      t.sfa_ptr[g] = t.sfa + first * grouped_kb(a.k);
+      t.sfb_ptr[g] = t.sfb + g * grouped_nb(a.n) * grouped_kb(a.k);
+      t.sfa_layout[g] = C::ScaleConfig::tile_atom_to_shape_SFA(cute::make_shape(int(rows), int(a.n), int(a.k), 1));
+      t.sfb_layout[g] = C::ScaleConfig::tile_atom_to_shape_SFB(cute::make_shape(int(rows), int(a.n), int(a.k), 1));
+    } else {
+      t.alpha[g] = kFp8 ? a.lhs_scale_inv[0] * a.rhs_scale_inv[g] : 1.0f;
+    }
     t.alpha_ptr[g] = t.alpha + g;
   }
 };
@@ -143,7 +237,11 @@ template <class C> typename C::Gemm::Arguments cutlass_arguments(const Table<C>&
   typename C::Gemm::Arguments args;
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   args.problem_shape = {int(a.groups), t.shapes, nullptr};
-  args.mainloop = {t.a, t.sa, t.b, t.sb};
+  if constexpr (IsBlock<C>::value) {
+    args.mainloop = {t.a, t.sa, t.b, t.sb, t.sfa_ptr, t.sfa_layout, t.sfb_ptr, t.sfb_layout};
+  } else {
+    args.mainloop = {t.a, t.sa, t.b, t.sb};
+  }
   auto& f = args.epilogue.thread;
   f.alpha = 1.0f;
   f.beta = 0.0f;
@@ -168,13 +266,18 @@ template <class C> typename C::Gemm::Arguments cutlass_arguments(const Table<C>&
 }
 
 template <class C, bool kFp8> size_t cutlass_workspace(const GroupedGemmArgs& a, int sms) {
-  const Table<C> t = Table<C>::carve(nullptr, a.groups).first;
-  return Table<C>::bytes(a.groups) + C::Gemm::get_workspace_size(cutlass_arguments<C>(t, a, sms));
+  const Table<C> t = Table<C>::carve(nullptr, a).first;
+  return Table<C>::bytes(a) + C::Gemm::get_workspace_size(cutlass_arguments<C>(t, a, sms));
 }
 
 template <class C, bool kFp8> void cutlass_run(const char* name, const GroupedGemmArgs& a, cudaStream_t stream,
                                                int sms) {
-  const Table<C> t = Table<C>::carve(a.workspace, a.groups).first;
+  const Table<C> t = Table<C>::carve(a.workspace, a).first;
+  if constexpr (IsBlock<C>::value) {
+    if (a.m_total > 0 && a.groups > 0) {
+      block_scale_prep_kernel<><<<kSetupBlocks, kSetupThreads, 0, stream>>>(a, t.sfa, t.sfb);
+    }
+  }
   setup_kernel<<<kSetupBlocks, kSetupThreads, 0, stream>>>(a, FillTable<C, kFp8>{t, a});
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) core_fail(std::string("grouped_gemm: setup launch failed: ") + cudaGetErrorString(e));
@@ -192,11 +295,12 @@ template <class C, bool kFp8> void cutlass_run(const char* name, const GroupedGe
 }  // namespace grouped
 }  // namespace te
 
-// The Cutlass<K> members of one kind, in the translation unit that instantiates it.
-#define TE_GROUPED_CUTLASS_KIND(K, EA, EB, LAYOUT_B, FP8, FAST, NAME, ...)                                       \
+// The Cutlass<K> members of one kind, in the translation unit that instantiates it: the trailing arguments name its
+// CutlassConfig or CutlassBlockConfig.
+#define TE_GROUPED_CUTLASS_KIND_OF(K, FP8, NAME, ...)                                                            \
   namespace te {                                                                                                 \
   namespace grouped {                                                                                            \
-  using Config##K = CutlassConfig<EA, EB, LAYOUT_B, FP8, FAST, ##__VA_ARGS__>;                                   \
+  using Config##K = __VA_ARGS__;                                                                                 \
   template <> const char* Cutlass<CutlassKind::K>::name() { return NAME; }                                       \
   template <> size_t Cutlass<CutlassKind::K>::workspace(const GroupedGemmArgs& a, int sms) {                     \
     return cutlass_workspace<Config##K, FP8>(a, sms);                                                            \
@@ -206,3 +310,5 @@ template <class C, bool kFp8> void cutlass_run(const char* name, const GroupedGe
   }                                                                                                              \
   }                                                                                                              \
   }
+#define TE_GROUPED_CUTLASS_KIND(K, EA, EB, LAYOUT_B, FP8, FAST, NAME, ...) \
+  TE_GROUPED_CUTLASS_KIND_OF(K, FP8, NAME, CutlassConfig<EA, EB, LAYOUT_B, FP8, FAST, ##__VA_ARGS__>)

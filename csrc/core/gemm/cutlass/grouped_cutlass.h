@@ -16,6 +16,7 @@ namespace grouped {
 enum class CutlassKind : int {
   kNone = 0, kBf16Nk, kBf16Kn, kE4m3E4m3Nk, kE5m2E4m3Nk, kE4m3E4m3NkFast, kE5m2E4m3NkFast,
   kBf16Wgrad,  // d[g] [n, k] = dy rows ᵀ · x rows: A = dy (M-major), B = x (N-major), K = the group's rows
+  kBlockE4m3E4m3, kBlockE5m2E4m3,  // FP8 blocks: lhs 1x128, rhs 128x128 tiles, [groups, n, k]
 };
 
 template <CutlassKind K> struct Cutlass {
