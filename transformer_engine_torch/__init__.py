@@ -16,6 +16,7 @@ from .dtypes import DType
 from .enums import FP8BwdTensors, FP8FwdTensors
 from .gemm import *  # noqa: F401,F403
 from .gemm import __all__ as _gemm_all
+from .collective import all_gather_gemm, gemm_reduce_scatter  # noqa: F401
 from .formats import *  # noqa: F401,F403  (quantizers and quantized tensors, one module per format)
 from .formats import __all__ as _formats_all
 from . import jit  # noqa: F401  (transformer_engine_torch.jit, SPEC §7)
@@ -28,5 +29,6 @@ __version__ = "0.1.0"
 
 __all__ = (["DType", "FP8FwdTensors", "FP8BwdTensors"] + _formats_all
            + ["Format", "Recipe", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling",
-              "Float8BlockScaling", "autocast", "fp8_autocast", "Linear", "MLP", "init_fp8_state"]
+              "Float8BlockScaling", "autocast", "fp8_autocast", "Linear", "MLP", "init_fp8_state",
+              "all_gather_gemm", "gemm_reduce_scatter"]
            + _act_all + _cast_all + _gemm_all)

@@ -83,5 +83,16 @@ TORCH_LIBRARY(te, m) {
   def_op(m, "grouped_gemm(Tensor lhs, Tensor rhs, Tensor group_sizes, Tensor? lhs_scale_inv, Tensor? rhs_scale_inv, "
             "int lhs_dtype, int rhs_dtype, bool rhs_kn, int out_dtype, bool use_split_accumulator=True, "
             "bool wgrad=False) -> Tensor");
+  // Collective GEMM (csrc/core/ops/collective_gemm_op.h): kind 1 all-gather + GEMM (x [m, k] shard, w [n, k] ->
+  // [tp·m, n], and the gathered x [tp·m, k] with its FP8 scales [tp] when return_gathered), kind 2 GEMM +
+  // reduce-scatter (x [tp·m, k], w [n, k] -> [m, n]) over torch.distributed's group `group_name`; FP8 operands as
+  // codes with scale_inv [1]. The loopback form simulates rank `rank` of `tp` on one GPU, its peers' bytes in
+  // `peers` (all-gather: the whole x and peers_scale_inv [tp]; reduce-scatter: the sums arriving, FP32 [tp-1, m, n]).
+  def_op(m, "collective_gemm(Tensor x, Tensor? x_scale_inv, int x_dtype, Tensor w, Tensor? w_scale_inv, int w_dtype, "
+            "int kind, str group_name, int out_dtype, bool overlap=True, bool use_split_accumulator=True, "
+            "bool return_gathered=False) -> (Tensor, Tensor, Tensor)");
+  def_op(m, "collective_gemm_loopback(Tensor x, Tensor? x_scale_inv, int x_dtype, Tensor w, Tensor? w_scale_inv, "
+            "int w_dtype, int kind, int rank, int tp, Tensor peers, Tensor? peers_scale_inv, int out_dtype, "
+            "bool overlap=True, bool use_split_accumulator=True, bool return_gathered=False) -> (Tensor, Tensor, Tensor)");
   m.def("cublaslt_version() -> int");
 }

@@ -1,0 +1,169 @@
+"""Collective GEMM benchmark (issue 22): all-gather + GEMM and GEMM + reduce-scatter, ours overlapped vs the same
+exchanges and GEMMs not overlapped, the GEMM alone and the communication alone, and the overlap efficiency
+(communication hidden ÷ communication time).
+
+This run is the one-GPU loopback mode: one rank of tp is simulated, its ring exchanges copying the simulated peers'
+chunks with the copy engine on a stream of their own, with the events of a real exchange (tex.collective.
+all_gather_gemm_loopback / gemm_reduce_scatter_loopback). It times the overlap machinery — stream order, events,
+chunked GEMMs — not NVLink or NCCL: the multi-GPU run (torchrun, NCCL; PyTorch's symmetric-memory fused ops; JAX's
+shard_map collective matmul) is issue 23's and not in this script yet.
+
+Shapes: tokens 8192, hidden 8192, ffn 28672 (and tokens 2048, hidden 2048, ffn 8192) for tp = 2, 4, 8: the
+all-gather is fc1's (x shard [tokens/tp, hidden], w [ffn/tp, hidden]), the reduce-scatter fc2's (x [tokens, ffn/tp],
+w [hidden, ffn/tp] → [tokens/tp, hidden]); bf16 and FP8 current scaling (quantized once, outside the timing).
+Validation: ours equals the non-overlapped run bit for bit, and the all-gather's output is within the bf16 (FP8:
+E4M3) tolerance of one GEMM of the whole x. Target (issue 22): loopback AG+GEMM <= 1.1x the GEMM alone.
+
+Usage: python benchmarks/bench_collective.py [--quick] [--only SUBSTR] [--out-dir DIR]
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _harness as H  # noqa: E402
+
+SHAPES = [(8192, 8192, 28672), (2048, 2048, 8192)]  # tokens, hidden, ffn
+TPS = (2, 4, 8)
+TARGET_AG = 1.1
+
+
+def operands(tex, kind, shape, tp, fmt, device):
+    tokens, hidden, ffn = shape
+    g = torch.Generator(device="cpu").manual_seed(tp)
+    rnd = lambda *s: ((torch.rand(*s, generator=g) * 2 - 1).to(torch.bfloat16)).to(device)  # noqa: E731
+    if kind == "AG":
+        x, w = rnd(tokens, hidden), rnd(ffn // tp, hidden) * hidden ** -0.5
+    else:
+        x, w = rnd(tokens, ffn // tp), rnd(hidden, ffn // tp) * (ffn // tp) ** -0.5
+    if fmt == "fp8":
+        q = lambda: tex.Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, rowwise=True,  # noqa: E731
+                                                      columnwise=False)
+        x, w = tex.quantize(x, q()), tex.quantize(w, q())
+    return x, w
+
+
+def case(ctx, kind, shape, tp, fmt):
+    tex, device, timer = ctx["tex"], ctx["device"], ctx["timer"]
+    tokens, hidden, ffn = shape
+    name = f"{kind} {fmt} tp={tp} {tokens}x{hidden}x{ffn}"
+    row = {"case": name, "kind": kind, "format": fmt, "tp": tp, "tokens": tokens, "hidden": hidden, "ffn": ffn,
+           "valid": False, "note": ""}
+    x, w = operands(tex, kind, shape, tp, fmt, device)
+    rank = tp // 2
+    m = tokens // tp
+    if kind == "AG":
+        ours = lambda: tex.collective.all_gather_gemm_loopback(x, w, rank, tp)  # noqa: E731
+        base = lambda: tex.collective.all_gather_gemm_loopback(x, w, rank, tp, comm_overlap=False)  # noqa: E731
+        alone = lambda: tex.general_gemm(w, x, out_dtype=torch.bfloat16, layout="TN",  # noqa: E731
+                                         use_split_accumulator=True)[0]
+        chunk_bytes = m * hidden * (1 if fmt == "fp8" else 2)
+    else:
+        incoming = torch.rand(tp - 1, m, hidden, device=device)
+        ours = lambda: tex.collective.gemm_reduce_scatter_loopback(x, w, incoming, rank, tp)  # noqa: E731
+        base = lambda: tex.collective.gemm_reduce_scatter_loopback(x, w, incoming, rank, tp,  # noqa: E731
+                                                                   comm_overlap=False)
+        alone = lambda: tex.general_gemm(w, x, out_dtype=torch.bfloat16, layout="TN",  # noqa: E731
+                                         use_split_accumulator=True)[0]
+        chunk_bytes = m * hidden * 4
+    src = torch.empty(tp - 1, chunk_bytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+
+    def comm():
+        for i in range(tp - 1):
+            dst[i].copy_(src[i])
+
+    try:
+        a, b = ours(), base()
+        if not torch.equal(a, b):
+            raise ValueError("overlapped != non-overlapped")
+        if kind == "AG":
+            ref = alone().float()
+            err = (a.float() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30)
+            row["err_rel"] = err
+            if err > (2 ** -3 if fmt == "fp8" else 2 ** -7):
+                raise ValueError(f"relative error {err:.3g} against one GEMM of the whole x")
+    except Exception as e:  # noqa: BLE001
+        row["note"] = f"{type(e).__name__}: {e}"
+        H.log(f"FAIL  {name}: {row['note']}")
+        return row
+    row["valid"] = True
+    for key, fn in (("ours", ours), ("base", base), ("gemm", alone), ("comm", comm)):
+        row[f"{key}_us"] = timer.gpu_us(fn)
+    hidden_us = row["base_us"] - row["ours_us"]
+    row["overlap_eff"] = max(0.0, min(1.0, hidden_us / row["comm_us"])) if row["comm_us"] > 0 else None
+    row["ours_over_gemm"] = row["ours_us"] / row["gemm_us"]
+    row["speedup_vs_base"] = row["base_us"] / row["ours_us"]
+    H.log(f"ok    {name}: ours {row['ours_us']:.0f} us, base {row['base_us']:.0f}, gemm {row['gemm_us']:.0f}, "
+          f"comm {row['comm_us']:.0f}; ours/gemm {row['ours_over_gemm']:.3f}, overlap {row['overlap_eff']:.2f}")
+    return row
+
+
+COLUMNS = [("case", "case", "{}"), ("ours us", "ours_us", "{:.1f}"), ("non-overlapped us", "base_us", "{:.1f}"),
+           ("GEMM alone us", "gemm_us", "{:.1f}"), ("comm alone us", "comm_us", "{:.1f}"),
+           ("ours / GEMM", "ours_over_gemm", "{:.3f}"), ("non-overlapped / ours", "speedup_vs_base", "{:.3f}"),
+           ("overlap eff.", "overlap_eff", "{:.2f}")]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="the large shape and tp = 4 only")
+    p.add_argument("--only", action="append", default=[], metavar="SUBSTR", help="cases whose name holds SUBSTR")
+    H.add_output_args(p)
+    args = p.parse_args()
+    device, tex = H.start(args, "bench_collective.py")
+    if device is None:
+        return 2
+    if device == "cpu":
+        print("bench_collective.py: the loopback mode needs a GPU; --cpu-smoke checks nothing here", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    timer = H.Timer(quick=args.quick, device=device)
+    ctx = {"tex": tex, "device": device, "timer": timer}
+    report = H.Report("collective", {"device": H.device_name(device), "mode": "one-GPU loopback",
+                                     "timing": timer.method, "quick": args.quick})
+    report.emit(f"device {report.meta['device']}, torch {torch.__version__}, one-GPU loopback, {timer.method}")
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    tps = (4,) if args.quick else TPS
+    for shape in shapes:
+        for kind in ("AG", "RS"):
+            for fmt in ("bf16", "fp8"):
+                for tp in tps:
+                    name = f"{kind} {fmt} tp={tp} {'x'.join(map(str, shape))}"
+                    if args.only and not any(s in name for s in args.only):
+                        continue
+                    report.rows.append(case(ctx, kind, shape, tp, fmt))
+                    H.release(device)
+    report.emit("\nCollective GEMM, one-GPU loopback (ours = overlapped ring; non-overlapped = the same exchanges, "
+                "then the same chunk GEMMs; GEMM alone = one GEMM of the rank's whole problem; comm alone = the "
+                "tp-1 chunk copies; overlap eff. = (non-overlapped - ours) / comm)")
+    report.table(COLUMNS)
+    for r in report.rows:
+        if r["valid"] and r["kind"] == "AG":
+            report.at_most(f"{r['case']}: loopback AG+GEMM / GEMM alone", r["ours_over_gemm"], TARGET_AG, "{:.3f}x",
+                           f"<= {TARGET_AG}x")
+    report.print_targets("Targets (issue 22, one GPU):")
+    report.summary("cases", time.time() - t0)
+
+    def draw(fig):
+        rows = [r for r in report.rows if r["valid"]]
+        ax = fig.add_subplot(111)
+        H.grouped_bars(ax, [r["case"] for r in rows],
+                       {"ours / GEMM alone": [r["ours_over_gemm"] for r in rows],
+                        "non-overlapped / GEMM alone": [r["base_us"] / r["gemm_us"] for r in rows]},
+                       horizontal=True)
+        ax.axvline(TARGET_AG, color="gray", ls="--", lw=1)
+        ax.set_xlabel("time / the GEMM alone (lower is better)")
+        ax.set_title("Collective GEMM, one-GPU loopback")
+        ax.legend()
+
+    report.plot("collective", draw, figsize=(10, 12))
+    report.save(H.out_dir_of(args, partial=bool(args.only)), json_path=args.json)
+    return 0 if all(r["valid"] for r in report.rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

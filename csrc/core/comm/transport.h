@@ -1,0 +1,74 @@
+// How a collective GEMM's ring (ops/collective_gemm_op.h) moves its chunks between neighbouring ranks. The schedule
+// is written once against this interface; the frontends and the tests pick the transport: torch.distributed's
+// process group (gloo on the CPU, NCCL on GPUs: csrc/torch/collective.cpp) or the one-GPU loopback below, which keeps
+// the simulated peers' shards in the same GPU's memory and moves them with the copy engine on the same streams and
+// events as a real exchange.
+// Invariant: at most one exchange is in flight; start() is ordered after everything the caller issued before it,
+// and after wait() everything the caller issues next sees the exchange complete. Neither synchronises the host on
+// CUDA (graph-capture safe); on the CPU, wait() is where the host blocks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace te {
+namespace comm {
+
+// One buffer of an exchange: `bytes` sent from `send` to the next rank and received into `recv` from the previous.
+struct Segment {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t bytes = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Starts exchange number `step` (0, 1, ... within one collective call): every segment sent to rank `to` and
+  // received from rank `from`.
+  virtual void start(int step, const Segment* segs, int n, int to, int from) = 0;
+  virtual void wait() = 0;
+};
+
+// The ring's chunk bookkeeping, shared by the schedule and the loopback transport. All-gather: at step i rank r
+// multiplies chunk (r − i) mod p and exchange i brings it chunk (r − i − 1) mod p from rank r − 1.
+// Reduce-scatter: at step i rank r adds its partial product of output chunk (r − i − 1) mod p to the sum arriving
+// from rank r − 1 and sends it on; at step p − 1 that chunk is r's own.
+inline int ring_mod(int64_t a, int p) { return int(((a % p) + p) % p); }
+inline int ag_chunk(int rank, int p, int step) { return ring_mod(int64_t(rank) - step, p); }
+inline int rs_chunk(int rank, int p, int step) { return ring_mod(int64_t(rank) - step - 1, p); }
+
+#if defined(TE_WITH_CUDA)
+// Loopback: rank `rank` of `size` simulated on one GPU. Exchange `step` fills segment s's recv buffer from
+// sources[s]: base + index·stride, index = the chunk the exchange brings (all-gather: by_chunk) or the step itself
+// (a precomputed incoming sum per step: reduce-scatter). The copy runs on `comm_stream` after an event on `stream`;
+// wait() makes `stream` wait on the copy's event. The sends go nowhere (the peers are simulated).
+struct LoopbackSource {
+  const void* base = nullptr;
+  size_t stride = 0;
+  bool by_chunk = true;
+};
+class LoopbackTransport : public Transport {
+ public:
+  static constexpr int kMaxSegments = 2;
+  LoopbackTransport(int rank, int size, void* stream, const LoopbackSource* sources, int n_sources);
+  ~LoopbackTransport() override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void start(int step, const Segment* segs, int n, int to, int from) override;
+  void wait() override;
+
+ private:
+  int rank_, size_;
+  void* stream_;
+  LoopbackSource sources_[kMaxSegments];
+  int n_sources_;
+  void* ready_ = nullptr;  // cudaEvent_t: the caller's work before start()
+  void* done_ = nullptr;   // cudaEvent_t: the copies
+};
+#endif
+
+}  // namespace comm
+}  // namespace te

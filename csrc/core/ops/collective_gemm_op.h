@@ -1,0 +1,81 @@
+// Collective GEMM (tensor + sequence parallel layers): all-gather + GEMM and GEMM + reduce-scatter over a ring of
+// tp ranks, each chunk's exchange overlapped with another chunk's GEMM, written once for every frontend and
+// transport (comm/transport.h).
+//
+//   all-gather (AG):     x_shard [m, k] on each rank, w [n, k]     → d [tp·m, n] = gather(x) · wᵀ
+//   reduce-scatter (RS): x [tp·m, k] on each rank, w [n, k] (the rank's K shards) → d [m, n] = rows r of Σ_ranks x·wᵀ
+//
+// AG: at step i the rank multiplies chunk (r − i) mod tp (its own at step 0) while exchange i brings the next one
+// from rank r − 1; the gathered x can be kept for the backward's weight gradient. RS: at step i the rank computes its
+// FP32 partial product of output chunk (r − i − 1) mod tp while the running sum of that chunk arrives from rank
+// r − 1, adds them (sum + partial, FP32) and sends the sum on; at step tp − 1 the chunk is its own and the sum is
+// rounded once to the output type. Summation order for chunk c: the partials of ranks c + 1, c + 2, …, c.
+// FP8 per-tensor operands travel as FP8 with their scale_inv: each chunk keeps its own rank's scale (AG) — so the
+// ranks need not agree on one scale — and w's scale applies to every chunk.
+// Invariant: the plan depends on shapes, dtypes, tp and the device kind only; the run neither allocates nor syncs
+// the host on CUDA (the transport's exchanges are stream-ordered), so a CUDA graph can capture it. overlap = false
+// runs the same exchanges to completion first, then the same chunk GEMMs: the non-overlapped baseline, same bytes.
+#pragma once
+
+#include "../comm/transport.h"
+#include "gemm_op.h"
+
+namespace te {
+namespace ops {
+
+enum class CollectiveKind : int { kAllGather = 1, kReduceScatter = 2 };
+
+struct CollectiveOperand {
+  GemmBuffer data;                                    // [rows, k] row-major (FP8: uint8 or FP8-typed codes)
+  int64_t dtype_code = int64_t(DType::kBFloat16);     // the values' DType
+  GemmBuffer scale_inv;                               // FP8 per tensor: float32 [1]
+};
+
+struct CollectiveGemmRequest {
+  const char* op = "all_gather_gemm";
+  CollectiveKind kind = CollectiveKind::kAllGather;
+  CollectiveOperand x, w;
+  int64_t d_dtype = int64_t(DType::kBFloat16);       // bf16, fp16 or fp32
+  int tp = 1;
+  int rank = 0;
+  bool overlap = true;
+  bool use_split_accumulator = true;                  // FP8: promoted accumulation
+};
+
+struct CollectiveGemmPlan {
+  CollectiveGemmRequest req;
+  GemmPlan chunk;            // one chunk's GEMM: AG [m, k]·[n, k]ᵀ → d rows (d's dtype); RS → an FP32 partial [m, n]
+  int64_t m = 0, n = 0, k = 0;
+  Shape d_shape;             // AG [tp·m, n]; RS [m, n]
+  DType d_dtype = DType::kBFloat16;
+  Shape gathered_shape;      // AG: the gathered x [tp·m, k] (codes), returned on request
+  int64_t chunk_bytes = 0;   // AG: one x chunk's bytes; RS: one FP32 [m, n] chunk
+  // Workspace byte offsets from the 256-B aligned workspace pointer; -1: not used.
+  int64_t gathered_offset = -1;   // AG, when the caller does not take the gathered x: [tp·m, k]
+  int64_t scales_offset = -1;     // AG FP8: the chunks' scale_inv, one 16-byte slot each (cuBLASLt alignment)
+  int64_t partial_offset = -1, send_offset = -1, recv_offset = -1;  // RS: FP32 [m, n] each
+  int64_t gemm_offset = -1;       // the chunk GEMM's own workspace
+  int64_t workspace_bytes = 0;    // including the alignment slack
+};
+
+CollectiveGemmPlan plan_collective_gemm(const CollectiveGemmRequest& r, const ExecCtx& ctx);
+
+struct CollectiveGemmIO {
+  const void* x = nullptr;
+  const float* x_scale_inv = nullptr;
+  const void* w = nullptr;
+  const float* w_scale_inv = nullptr;
+  void* d = nullptr;
+  void* gathered = nullptr;          // AG: [tp·m, k] kept for the caller (null: the workspace's)
+  float* gathered_scale_inv = nullptr;  // AG FP8 with `gathered`: [tp] (null: the workspace's)
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+  void* lt_workspace = nullptr;      // the cuBLASLt workspace (the frontend's)
+  int64_t lt_workspace_bytes = 0;
+};
+
+void run_collective_gemm(const CollectiveGemmPlan& plan, const CollectiveGemmIO& io, comm::Transport& transport,
+                         const ExecCtx& ctx);
+
+}  // namespace ops
+}  // namespace te

@@ -1,0 +1,228 @@
+"""tex.all_gather_gemm / tex.gemm_reduce_scatter (csrc/core/ops/collective_gemm_op.h) over torch.distributed with gloo:
+2 and 4 processes on the CPU run the core's ring schedule with the CPU GEMM, and each rank checks its result bit for
+bit against the non-overlapped computation it can redo alone — every rank builds the same full x and w from one seed,
+so "all-gather then GEMM" is the GEMM of the full x (bf16, and FP8 per tensor with each rank's shard quantized on its
+own, each chunk with its own scale), and "GEMM then reduce-scatter" is the FP32 partial products of every rank's K
+shard added in the ring's order (chunk c: ranks c + 1, c + 2, …, c) and rounded once. Also against a float64
+product, so that the reference itself is checked. On one GPU (tests marked cuda) the loopback transport runs the same
+schedule with copy-engine exchanges: bit for bit the non-overlapped result, and under CUDA-graph capture."""
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.torch.helpers import capture_graph, current_quantizer, tex_module
+
+M_PER_RANK, K, N = 24, 64, 48  # per rank: AG x shard [24, 64]; RS: K split tp ways, N 48
+
+
+def full_operands(tp, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.rand(tp * M_PER_RANK, K * tp, generator=g) * 4 - 2).bfloat16()
+    w = (torch.rand(N, K * tp, generator=g) * 2 - 1).bfloat16()
+    return x.to(device), w.to(device)
+
+
+def ring_sum(partials, c, tp):
+    """The reduce-scatter's FP32 sum for chunk c, in the ring's order: ranks c + 1, …, c."""
+    acc = partials[(c + 1) % tp].clone()
+    for i in range(2, tp + 1):
+        acc = acc + partials[(c + i) % tp]
+    return acc
+
+
+def check_rank(tex, rank, tp, device):
+    """Every reference GEMM has the shape of the ring's chunk GEMM (the same kernel on CUDA, hence the same bits)."""
+    x_full, w_full = full_operands(tp, device)
+    m = M_PER_RANK
+    rows = slice(rank * m, (rank + 1) * m)
+    # ---- all-gather + GEMM (column parallel: this rank's w is its own [N, K·tp] slice of output columns) --------
+    xa = x_full[:, :K]                                   # [tp·m, K]; rank r holds rows r·m …
+    wa = w_full[:, K * 0:K].roll(rank, 0).contiguous()   # a different w per rank
+    want = torch.cat([tex.general_gemm(wa, xa[c * m:(c + 1) * m], out_dtype=torch.bfloat16, layout="TN",
+                                       use_split_accumulator=True)[0] for c in range(tp)])
+    for overlap in (True, False):
+        y, gathered = tex.all_gather_gemm(xa[rows].contiguous(), wa, comm_overlap=overlap, return_gathered=True)
+        assert torch.equal(y, want), f"rank {rank}: AG bf16 overlap={overlap} differs from all_gather -> GEMM"
+        assert torch.equal(gathered, xa), f"rank {rank}: the gathered x differs"
+    w64 = (xa.double() @ wa.double().t())
+    assert (y.double() - w64).abs().max() <= 2 ** -7 * w64.abs().max(), "AG bf16 is far from float64"
+    # FP8 per tensor: each rank quantizes its own shard (its own scale), the codes and scales travel together.
+    q = current_quantizer("e4m3", columnwise=False)
+    wq = tex.quantize(wa, current_quantizer("e4m3", columnwise=False))
+    shards = [tex.quantize(xa[c * m:(c + 1) * m].contiguous(), q) for c in range(tp)]
+    want8 = torch.cat([tex.general_gemm(wq, s, out_dtype=torch.bfloat16, layout="TN",
+                                        use_split_accumulator=True)[0] for s in shards])
+    y8, (codes, scales) = tex.all_gather_gemm(shards[rank], wq, return_gathered=True)
+    assert torch.equal(y8, want8), f"rank {rank}: AG FP8 differs from all_gather -> per-chunk GEMM"
+    assert torch.equal(scales, torch.cat([s._scale_inv for s in shards])), "the gathered scales differ"
+    assert torch.equal(codes, torch.cat([s._data for s in shards])), "the gathered codes differ"
+    y8q = tex.all_gather_gemm(xa[rows].contiguous(), wq, quantizer=q)
+    assert torch.equal(y8q, want8), f"rank {rank}: AG with a quantizer differs"
+    # ---- GEMM + reduce-scatter (row parallel: rank p holds x's and w's K shard p) -----------------------------
+    ks = [slice(p * K, (p + 1) * K) for p in range(tp)]
+    partials = [tex.general_gemm(w_full[:, k].contiguous(), x_full[rows, k].contiguous(), out_dtype=torch.float32,
+                                 layout="TN", use_split_accumulator=True)[0] for k in ks]
+    want_rs = ring_sum(partials, rank, tp).bfloat16()
+    for overlap in (True, False):
+        y = tex.gemm_reduce_scatter(x_full[:, ks[rank]].contiguous(), w_full[:, ks[rank]].contiguous(),
+                                    comm_overlap=overlap)
+        assert torch.equal(y, want_rs), f"rank {rank}: RS bf16 overlap={overlap} differs from GEMM -> reduce-scatter"
+    r64 = (x_full.double() @ w_full.double().t())[rows]
+    assert (y.double() - r64).abs().max() <= 2 ** -7 * r64.abs().max(), "RS bf16 is far from float64"
+    # FP8: each rank's x and w shards quantized on their own.
+    xq = [tex.quantize(x_full[:, k].contiguous(), q) for k in ks]
+    wqs = [tex.quantize(w_full[:, k].contiguous(), q) for k in ks]
+    xq_rows = [tex.quantize(x_full[rows, k].contiguous(), q) for k in ks]  # rows of xq[p]: the same codes, scale
+    for p in range(tp):
+        xq_rows[p]._scale_inv = xq[p]._scale_inv
+        xq_rows[p]._data = xq[p]._data.reshape(tp * m, -1)[rows].contiguous()
+    partials8 = [tex.general_gemm(wqs[p], xq_rows[p], out_dtype=torch.float32, layout="TN",
+                                  use_split_accumulator=True)[0] for p in range(tp)]
+    y = tex.gemm_reduce_scatter(xq[rank], wqs[rank])
+    assert torch.equal(y, ring_sum(partials8, rank, tp).bfloat16()), f"rank {rank}: RS FP8 differs"
+    # fp32 output: the FP32 ring sum itself
+    y32 = tex.gemm_reduce_scatter(x_full[:, ks[rank]].contiguous(), w_full[:, ks[rank]].contiguous(),
+                                  out_dtype=torch.float32)
+    assert torch.equal(y32, ring_sum(partials, rank, tp)), f"rank {rank}: RS fp32 differs"
+    # ---- autograd: the mirrored rings (dgrad of AG is an RS and vice versa), dw from the kept gather ---------------
+    close = lambda got, want, what: _assert_close(got, want, f"rank {rank}: {what}")  # noqa: E731
+    gen = torch.Generator().manual_seed(11)
+    dys = [(torch.rand(tp * m, N, generator=gen) * 2 - 1).bfloat16().to(device) for _ in range(tp)]  # rank p's dy
+    ws_all = [w_full[:, :K].roll(p, 0).contiguous() for p in range(tp)]                   # rank p's AG weight
+    xs = xa[rows].clone().requires_grad_()
+    wr = wa.clone().requires_grad_()
+    tex.all_gather_gemm(xs, wr).backward(dys[rank])
+    dx_full = sum(dys[p].double() @ ws_all[p].double() for p in range(tp))
+    close(xs.grad, dx_full[rows], "AG dgrad (reduce-scatter ring)")
+    close(wr.grad, dys[rank].double().t() @ xa.double(), "AG wgrad (kept gather)")
+    g_full = (torch.rand(tp * m, N, generator=gen) * 2 - 1).bfloat16().to(device)  # RS: rank p's dy is rows p
+    xr = x_full[:, ks[rank]].contiguous().requires_grad_()
+    wr = w_full[:, ks[rank]].contiguous().requires_grad_()
+    tex.gemm_reduce_scatter(xr, wr).backward(g_full[rows])
+    close(xr.grad, g_full.double() @ w_full[:, ks[rank]].double(), "RS dgrad (all-gather ring)")
+    close(wr.grad, g_full.double().t() @ x_full[:, ks[rank]].double(), "RS wgrad (the gathered dy)")
+    # ---- errors ----------------------------------------------------------------------------------------------
+    with pytest.raises(ValueError, match=rf"reduce-scatter splits x's {tp * m + 1} rows into tp = {tp} equal chunks"):
+        tex.gemm_reduce_scatter(torch.zeros(tp * m + 1, K, dtype=torch.bfloat16, device=device),
+                                torch.zeros(N, K, dtype=torch.bfloat16, device=device))
+
+
+def _assert_close(got, want, what):
+    err = (got.double() - want).abs().max().item()
+    bound = 2 ** -7 * want.abs().max().item() + 1e-6
+    assert err <= bound, f"{what}: max error {err:.3g} > {bound:.3g}"
+    assert (got.double() - want.flip(0)).abs().max().item() > bound, f"{what}: the check would not catch it"
+
+
+def worker(rank, tp, init_file, results, backend):
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(1)
+        device = "cpu"
+        if backend == "nccl":
+            os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (the device tool's rule)
+            torch.cuda.set_device(rank)
+            device = f"cuda:{rank}"
+        dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=tp,
+                                **({"device_id": torch.device(device)} if backend == "nccl" else {}))
+        check_rank(tex_module(), rank, tp, device)
+        results[rank] = "ok"
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001  (reported to the parent, which fails the test with it)
+        results[rank] = traceback.format_exc()
+
+
+def run_ranks(tp, backend):
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as d, ctx.Manager() as manager:
+        results = manager.dict()
+        procs = [ctx.Process(target=worker, args=(r, tp, os.path.join(d, "init"), results, backend))
+                 for r in range(tp)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=240)
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        assert not hung, f"ranks {hung} did not finish within 240 s"
+        for r in range(tp):
+            assert results.get(r) == "ok", f"rank {r} of {tp}:\n{results.get(r)}"
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_collective_gemm_gloo(tp):
+    run_ranks(tp, "gloo")
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_collective_gemm_nccl(tp):
+    """The same checks with NCCL, one process per GPU (torch.distributed's communicator carries the ring)."""
+    if torch.cuda.device_count() < tp:
+        pytest.skip(f"needs {tp} GPUs, {torch.cuda.device_count()} visible")
+    run_ranks(tp, "nccl")
+
+
+# ---- one GPU: the loopback transport ------------------------------------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_loopback_all_gather_gemm(fp8):
+    """Every simulated rank of tp = 4: overlapped = non-overlapped bit for bit (the same chunk GEMMs), and equal to
+    the per-chunk GEMMs of the full x; the same under CUDA-graph capture."""
+    tex = tex_module()
+    tp, m, k, n = 4, 256, 512, 384
+    g = torch.Generator().manual_seed(3)
+    x = (torch.rand(tp * m, k, generator=g) * 2 - 1).bfloat16().cuda()
+    w = (torch.rand(n, k, generator=g) * 2 - 1).bfloat16().cuda()
+    if fp8:
+        x, w = tex.quantize(x, current_quantizer("e4m3", columnwise=False)), \
+            tex.quantize(w, current_quantizer("e4m3", columnwise=False))
+    for rank in range(tp):
+        a = tex.collective.all_gather_gemm_loopback(x, w, rank, tp)
+        b = tex.collective.all_gather_gemm_loopback(x, w, rank, tp, comm_overlap=False)
+        assert torch.equal(a, b), f"rank {rank}: overlapped != non-overlapped"
+    ref = tex.general_gemm(w, x, out_dtype=torch.bfloat16, layout="TN", use_split_accumulator=True)[0]
+    assert (a.float() - ref.float()).abs().max() <= 2 ** -7 * ref.float().abs().max() + 1e-3, "far from one GEMM"
+    graph, out = capture_graph(lambda: tex.collective.all_gather_gemm_loopback(x, w, 1, tp))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, tex.collective.all_gather_gemm_loopback(x, w, 1, tp)), "graph replay differs"
+
+
+@pytest.mark.cuda
+def test_loopback_gemm_reduce_scatter():
+    """Rank 2 of tp = 4: the incoming running sums are the other ranks' FP32 partials summed in ring order (computed
+    here); the result is bit for bit the ring sum, overlapped or not, and under CUDA-graph capture."""
+    tex = tex_module()
+    tp, m, k, n, rank = 4, 256, 512, 384, 2
+    g = torch.Generator().manual_seed(4)
+    xs = [((torch.rand(tp * m, k, generator=g) * 2 - 1).bfloat16().cuda()) for _ in range(tp)]
+    ws = [((torch.rand(n, k, generator=g) * 2 - 1).bfloat16().cuda()) for _ in range(tp)]
+    part = [[tex.general_gemm(ws[p], xs[p][c * m:(c + 1) * m].contiguous(), out_dtype=torch.float32,
+                              layout="TN")[0] for c in range(tp)] for p in range(tp)]
+    # the sum arriving at step i (1 … tp-1) is for chunk c_i = rank - i - 1, accumulated over ranks c_i + 1 … rank - 1
+    incoming = []
+    for i in range(1, tp):
+        c = (rank - i - 1) % tp
+        acc = part[(c + 1) % tp][c].clone()
+        for j in range(2, i + 1):
+            acc = acc + part[(c + j) % tp][c]
+        incoming.append(acc)
+    incoming = torch.stack(incoming)
+    want = ring_sum([part[p][rank] for p in range(tp)], rank, tp).bfloat16()
+    for overlap in (True, False):
+        y = tex.collective.gemm_reduce_scatter_loopback(xs[rank], ws[rank], incoming, rank, tp, comm_overlap=overlap)
+        assert torch.equal(y, want), f"overlap={overlap}: differs from the ring sum"
+    graph, out = capture_graph(lambda: tex.collective.gemm_reduce_scatter_loopback(xs[rank], ws[rank], incoming,
+                                                                                   rank, tp))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)

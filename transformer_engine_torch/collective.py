@@ -1,0 +1,194 @@
+"""Collective GEMM for tensor + sequence parallel layers (csrc/core/ops/collective_gemm_op.h): the all-gather before
+a column-parallel GEMM and the reduce-scatter after a row-parallel one, each split into tp chunks around a ring so
+that one chunk's exchange hides under another chunk's GEMM. One schedule in the core for every frontend; here it runs
+over torch.distributed's process group (gloo on the CPU, NCCL on GPUs: the group's own communicator).
+
+`all_gather_gemm(x_shard, w, group)`: x_shard [m, K] on each rank (rank r holds rows r·m … r·m + m − 1 of x), w
+[N_local, K] → y [tp·m, N_local] = gather(x) · wᵀ, and the gathered x with `return_gathered=True` (kept for the
+weight gradient: no second all-gather). `gemm_reduce_scatter(x, w_shard, group)`: x [M, K_local], w_shard [N,
+K_local] (the rank's K shards) → y [M/tp, N], rank r's rows of Σ_ranks x·w_shardᵀ, the FP32 partial sums added in
+ring order (chunk c: ranks c + 1, c + 2, …, c) and rounded once. `comm_overlap=False` runs the same exchanges to
+completion first, then the same GEMMs: the non-overlapped baseline, the same bytes.
+
+FP8 (per tensor): x as a Float8Tensor (or a plain x and `quantizer`), w as a Float8Tensor; the codes travel as FP8
+with their scale_inv, each chunk multiplied with its own rank's scale. Autograd: for plain x and w, the backward is the
+mirrored ring (dgrad of the all-gather form is a reduce-scatter and vice versa) and the weight gradient reads the
+gathered x (or dy) the rings keep; with a quantizer the backward runs in the operands' precision. Not yet: FP8
+backward GEMMs, MXFP8 / FP8-block operands, tex.Linear's tensor-parallel modes.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._ops import call
+from .cast import quantize
+from .dtypes import DType, as_dtype
+from .formats.base import QuantizedTensor
+from .formats.fp8 import Float8Tensor
+
+_OP = torch.ops.te.collective_gemm.default
+_LOOPBACK = torch.ops.te.collective_gemm_loopback.default
+_AG, _RS = 1, 2
+_CODES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),
+          torch.bfloat16: int(DType.kBFloat16)}
+
+
+def _operand(name, t, op):
+    """(codes or values [rows, K], scale_inv or None, DType code)."""
+    if isinstance(t, Float8Tensor):
+        if t._data is None:
+            raise ValueError(f"{op}: {name} needs its rowwise copy (K along its last dim); quantize with rowwise=True")
+        return t._data.reshape(-1, t.shape[-1]), t._scale_inv, int(t._fp8_dtype)
+    if isinstance(t, QuantizedTensor):
+        raise NotImplementedError(f"{op}: not yet supported: {type(t).__name__} operands (FP8 per tensor, bf16, fp16 "
+                                  f"and fp32 are)")
+    if not isinstance(t, torch.Tensor) or t.dtype not in _CODES:
+        raise TypeError(f"{op}: {name} must be a bf16/fp16/fp32 tensor or a Float8Tensor, got "
+                        f"{getattr(t, 'dtype', type(t).__name__)}")
+    return t.reshape(-1, t.shape[-1]), None, _CODES[t.dtype]
+
+
+def _prepare(op, x, w, quantizer, out_dtype):
+    if quantizer is not None:
+        if isinstance(x, QuantizedTensor):
+            raise ValueError(f"{op}: quantizer quantizes a plain x; x is already {type(x).__name__}")
+        x = quantize(x, quantizer)
+    xd, xs, xc = _operand("x", x, op)
+    wd, ws, wc = _operand("w", w, op)
+    if out_dtype is None:
+        out_dtype = x.dtype if not isinstance(x, QuantizedTensor) and x.dtype in _CODES else torch.bfloat16
+    return xd, xs, xc, wd, ws, wc, int(as_dtype(out_dtype, f"{op} out_dtype"))
+
+
+def _group_name(group):
+    import torch.distributed as dist
+
+    group = dist.group.WORLD if group is None else group
+    return group.group_name
+
+
+def _ag(x_shard, w, group, quantizer, out_dtype, return_gathered, comm_overlap, use_split_accumulator):
+    op = "all_gather_gemm"
+    xd, xs, xc, wd, ws, wc, oc = _prepare(op, x_shard, w, quantizer, out_dtype)
+    y, g, gs = call(_OP, (xd, xs, xc, wd, ws, wc, _AG, _group_name(group), oc, bool(comm_overlap),
+                          bool(use_split_accumulator), bool(return_gathered)))
+    return y, (g if xs is None else (g, gs))
+
+
+def _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator):
+    op = "gemm_reduce_scatter"
+    xd, xs, xc, wd, ws, wc, oc = _prepare(op, x, w_shard, quantizer, out_dtype)
+    return call(_OP, (xd, xs, xc, wd, ws, wc, _RS, _group_name(group), oc, bool(comm_overlap),
+                      bool(use_split_accumulator), False))[0]
+
+
+def _wgrad(dy, x):
+    """dw [N, K] = dyᵀ · x for dy [M, N], x [M, K] (the local weight-gradient GEMM, x's dtype)."""
+    from .gemm import general_gemm
+
+    return general_gemm(x, dy, out_dtype=x.dtype, layout="NT")[0]
+
+
+class _AllGatherGemm(torch.autograd.Function):
+    """Forward y = AG(x_shard)·wᵀ, keeping the gathered x. Backward: dx_shard = RS(dy·w) (the reduce-scatter ring
+    with dy as x and wᵀ as the rank's K shard: N_local is the split dim), dw = dyᵀ·gathered x (no second gather)."""
+
+    @staticmethod
+    def forward(ctx, x_shard, w, group, quantizer, out_dtype, comm_overlap, split):
+        y, gathered = _ag(x_shard, w, group, quantizer, out_dtype, True, comm_overlap, split)
+        ctx.save_for_backward(w, gathered if quantizer is None else None)
+        ctx.x_shard = x_shard if quantizer is not None else None
+        ctx.cfg = (group, comm_overlap)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        w, gathered = ctx.saved_tensors
+        group, comm_overlap = ctx.cfg
+        dy = dy.contiguous().to(w.dtype)
+        if gathered is None:  # quantized forward: the backward runs in the operands' precision (FP8 backward: TBD)
+            gathered = _ag(ctx.x_shard, w, group, None, None, True, comm_overlap, True)[1]
+        dx = _rs(dy, w.t().contiguous(), group, None, w.dtype, comm_overlap, True) \
+            if ctx.needs_input_grad[0] else None
+        dw = _wgrad(dy, gathered) if ctx.needs_input_grad[1] else None
+        return dx, dw, None, None, None, None, None
+
+
+class _GemmReduceScatter(torch.autograd.Function):
+    """Forward y_shard = RS(x·w_shardᵀ). Backward: dx = AG(dy_shard)·w_shard (the all-gather ring, keeping the
+    gathered dy), dw_shard = gathered dyᵀ·x."""
+
+    @staticmethod
+    def forward(ctx, x, w_shard, group, quantizer, out_dtype, comm_overlap, split):
+        ctx.save_for_backward(x if not isinstance(x, QuantizedTensor) else None, w_shard)
+        ctx.cfg = (group, comm_overlap)
+        return _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, split)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        group, comm_overlap = ctx.cfg
+        dy = dy.contiguous().to(w.dtype)
+        dx, gathered = _ag(dy, w.t().contiguous(), group, None, w.dtype, True, comm_overlap, True)
+        dw = _wgrad(gathered, x) if ctx.needs_input_grad[1] else None
+        return (dx if ctx.needs_input_grad[0] else None), dw, None, None, None, None, None
+
+
+def _differentiable(*ts):
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and not isinstance(t, QuantizedTensor)
+                                           and t.requires_grad for t in ts)
+
+
+def all_gather_gemm(x_shard, w, group=None, *, quantizer=None, out_dtype=None, return_gathered=False,
+                    comm_overlap=True, use_split_accumulator=True):
+    """y [tp·m, N_local] = all_gather(x_shard [m, K]) · w [N_local, K]ᵀ over `group` (default: the world), the
+    exchanges overlapped with the chunk GEMMs; with `return_gathered=True` also the gathered x [tp·m, K] (FP8: a
+    (codes, scale_inv [tp]) pair, one scale per rank's chunk). Differentiable in x_shard and w (plain tensors):
+    dx_shard comes from the reduce-scatter ring, dw from the gathered x kept by the forward."""
+    if _differentiable(x_shard, w):
+        if return_gathered:
+            raise ValueError("all_gather_gemm: return_gathered is for calls without autograd (the autograd form "
+                             "keeps the gathered x itself)")
+        return _AllGatherGemm.apply(x_shard, w, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
+    y, gathered = _ag(x_shard, w, group, quantizer, out_dtype, return_gathered, comm_overlap, use_split_accumulator)
+    return (y, gathered) if return_gathered else y
+
+
+def gemm_reduce_scatter(x, w_shard, group=None, *, quantizer=None, out_dtype=None, comm_overlap=True,
+                        use_split_accumulator=True):
+    """y [M/tp, N]: this rank's rows of Σ_ranks x [M, K_local] · w_shard [N, K_local]ᵀ over `group`, the partial
+    products of the other chunks computed while the running sums travel the ring. Differentiable in x and w_shard
+    (plain tensors): dx from the all-gather ring over dy, dw_shard from the dy it gathers."""
+    if _differentiable(x, w_shard):
+        return _GemmReduceScatter.apply(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
+    return _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
+
+
+def all_gather_gemm_loopback(x, w, rank, tp, *, quantizer=None, out_dtype=None, comm_overlap=True,
+                             use_split_accumulator=True):
+    """One GPU simulating rank `rank` of `tp`: x [tp·m, K] holds every rank's shard; the rank's ring exchanges copy
+    the chunks they bring out of it with the copy engine, on the streams and events of a real exchange. For tests and
+    benchmarks of the overlap machinery (stream order, events, CUDA-graph capture) without several GPUs."""
+    op = "all_gather_gemm (loopback)"
+    if quantizer is not None:
+        raise ValueError(f"{op}: quantize x beforehand (one Float8Tensor holding every rank's chunk)")
+    xd, xs, xc, wd, ws, wc, oc = _prepare(op, x, w, None, out_dtype)
+    if xd.shape[0] % tp:
+        raise ValueError(f"{op}: x's {xd.shape[0]} rows must split into tp = {tp} chunks")
+    m = xd.shape[0] // tp
+    peers_s = None if xs is None else xs.reshape(1).expand(tp).contiguous()
+    return call(_LOOPBACK, (xd[rank * m:(rank + 1) * m], xs, xc, wd, ws, wc, _AG, rank, tp, xd, peers_s, oc,
+                            bool(comm_overlap), bool(use_split_accumulator), False))[0]
+
+
+def gemm_reduce_scatter_loopback(x, w, incoming, rank, tp, *, out_dtype=None, comm_overlap=True,
+                                 use_split_accumulator=True):
+    """One GPU simulating rank `rank` of `tp` for the reduce-scatter: `incoming` FP32 [tp − 1, M/tp, N] are the running
+    sums the ring brings at steps 1 … tp − 1 (from the simulated rank − 1)."""
+    op = "gemm_reduce_scatter (loopback)"
+    xd, xs, xc, wd, ws, wc, oc = _prepare(op, x, w, None, out_dtype)
+    return call(_LOOPBACK, (xd, xs, xc, wd, ws, wc, _RS, rank, tp, incoming.contiguous(), None, oc,
+                            bool(comm_overlap), bool(use_split_accumulator), False))[0]
+
+
+__all__ = ["all_gather_gemm", "gemm_reduce_scatter", "all_gather_gemm_loopback", "gemm_reduce_scatter_loopback"]
