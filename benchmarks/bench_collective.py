@@ -5,8 +5,10 @@ exchanges and GEMMs not overlapped, the GEMM alone and the communication alone, 
 This run is the one-GPU loopback mode: one rank of tp is simulated, its ring exchanges copying the simulated peers'
 chunks with the copy engine on a stream of their own, with the events of a real exchange (tex.collective.
 all_gather_gemm_loopback / gemm_reduce_scatter_loopback). It times the overlap machinery — stream order, events,
-chunked GEMMs — not NVLink or NCCL: the multi-GPU run (torchrun, NCCL; PyTorch's symmetric-memory fused ops; JAX's
-shard_map collective matmul) is issue 23's and not in this script yet.
+chunked GEMMs — not NVLink or NCCL. Under torchrun (WORLD_SIZE > 1) the script runs the NCCL mode instead: one
+process per GPU, ours vs the same exchanges non-overlapped vs NCCL's collective alone vs the GEMM alone vs PyTorch's
+symmetric-memory fused ops (bf16), timed over a fixed call count on every rank (JAX's shard_map collective matmul:
+not yet).
 
 Shapes: tokens 8192, hidden 8192, ffn 28672 (and tokens 2048, hidden 2048, ffn 8192) for tp = 2, 4, 8: the
 all-gather is fc1's (x shard [tokens/tp, hidden], w [ffn/tp, hidden]), the reduce-scatter fc2's (x [tokens, ffn/tp],
@@ -15,6 +17,7 @@ Validation: ours equals the non-overlapped run bit for bit, and the all-gather's
 E4M3) tolerance of one GEMM of the whole x. Target (issue 22): loopback AG+GEMM <= 1.1x the GEMM alone.
 
 Usage: python benchmarks/bench_collective.py [--quick] [--only SUBSTR] [--out-dir DIR]
+       torchrun --nproc-per-node=N benchmarks/bench_collective.py [--quick] [--out-dir DIR]
 """
 import argparse
 import os
@@ -108,12 +111,147 @@ COLUMNS = [("case", "case", "{}"), ("ours us", "ours_us", "{:.1f}"), ("non-overl
            ("overlap eff.", "overlap_eff", "{:.2f}")]
 
 
+# ---- several GPUs: torchrun, one process per GPU, NCCL ---------------------------------------------------------
+def fixed_us(fn, iters=10, warmup=3):
+    """Median GPU time per call over a fixed count (every rank runs the same number of collective calls)."""
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(1000.0 * s.elapsed_time(e))
+    t = torch.tensor([sorted(times)[len(times) // 2]], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's median: the layer waits for it
+    return float(t.item())
+
+
+def nccl_case(tex, kind, shape, fmt, tp, rank, group):
+    import torch.distributed as dist
+
+    tokens, hidden, ffn = shape
+    name = f"{kind} {fmt} tp={tp} {tokens}x{hidden}x{ffn}"
+    row = {"case": name, "kind": kind, "format": fmt, "tp": tp, "valid": False, "note": ""}
+    m = tokens // tp
+    x, w = operands(tex, kind, shape, tp, fmt, "cuda")
+    gname = group.group_name
+    if kind == "AG":
+        xs = x[rank * m:(rank + 1) * m] if fmt == "bf16" else None
+        if fmt == "fp8":  # each rank quantizes its own shard
+            q = tex.Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=False)
+            xs = tex.quantize(x.dequantize(torch.bfloat16)[rank * m:(rank + 1) * m].contiguous(), q)
+        ours = lambda: tex.all_gather_gemm(xs, w, group)  # noqa: E731
+        base = lambda: tex.all_gather_gemm(xs, w, group, comm_overlap=False)  # noqa: E731
+        alone = lambda: tex.general_gemm(w, x, out_dtype=torch.bfloat16, layout="TN",  # noqa: E731
+                                         use_split_accumulator=True)[0]
+        src = xs._data if fmt == "fp8" else xs
+        dst = torch.empty((tp,) + tuple(src.shape), dtype=src.dtype, device="cuda")
+        comm = lambda: dist.all_gather_into_tensor(dst, src, group=group)  # noqa: E731
+        fused = None
+        if fmt == "bf16":
+            try:
+                from torch.distributed import _symmetric_memory as symm
+
+                symm.enable_symm_mem_for_group(gname)
+                fused = lambda: torch.ops.symm_mem.fused_all_gather_matmul(xs, [w.t()], 0, gname)  # noqa: E731
+            except Exception as e:  # noqa: BLE001
+                row["note"] += f"torch fused op unavailable ({type(e).__name__}); "
+    else:
+        ours = lambda: tex.gemm_reduce_scatter(x, w, group)  # noqa: E731
+        base = lambda: tex.gemm_reduce_scatter(x, w, group, comm_overlap=False)  # noqa: E731
+        alone = lambda: tex.general_gemm(w, x, out_dtype=torch.bfloat16, layout="TN",  # noqa: E731
+                                         use_split_accumulator=True)[0]
+        part = torch.empty(tokens, hidden, dtype=torch.float32, device="cuda")
+        out = torch.empty(m, hidden, dtype=torch.float32, device="cuda")
+        comm = lambda: dist.reduce_scatter_tensor(out, part, group=group)  # noqa: E731
+        fused = None
+        if fmt == "bf16":
+            try:
+                from torch.distributed import _symmetric_memory as symm
+
+                symm.enable_symm_mem_for_group(gname)
+                fused = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(x, w.t(), "sum", 0, gname)  # noqa
+            except Exception as e:  # noqa: BLE001
+                row["note"] += f"torch fused op unavailable ({type(e).__name__}); "
+    try:
+        a, b = ours(), base()
+        if not torch.equal(a, b):
+            raise ValueError("overlapped != non-overlapped")
+    except Exception as e:  # noqa: BLE001
+        row["note"] += f"{type(e).__name__}: {e}"
+        return row
+    row["valid"] = True
+    for key, fn in (("ours", ours), ("base", base), ("gemm", alone), ("comm", comm), ("fused", fused)):
+        if fn is None:
+            continue
+        try:
+            row[f"{key}_us"] = fixed_us(fn)
+        except Exception as e:  # noqa: BLE001
+            row["note"] += f"{key}: {type(e).__name__}: {str(e)[:120]}; "
+    if "fused_us" in row:
+        row["ours_over_fused"] = row["fused_us"] / row["ours_us"]
+    row["speedup_vs_base"] = row["base_us"] / row["ours_us"]
+    row["ours_over_gemm"] = row["ours_us"] / row["gemm_us"]
+    row["overlap_eff"] = max(0.0, min(1.0, (row["base_us"] - row["ours_us"]) / row["comm_us"]))
+    return row
+
+
+def main_nccl(args):
+    import torch.distributed as dist
+
+    rank, tp = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dist.init_process_group("nccl", device_id=torch.device("cuda", torch.cuda.current_device()))
+    tex = H.import_tex()
+    t0 = time.time()
+    report = H.Report("collective_nccl", {"device": f"{tp} x {H.device_name('cuda')}", "mode": "torchrun + NCCL",
+                                          "timing": "median of 10 calls per rank (CUDA events), slowest rank"})
+    if rank == 0:
+        report.emit(f"{report.meta['device']}, torch {torch.__version__}, NCCL through torch.distributed")
+    for shape in SHAPES[:1] if args.quick else SHAPES:
+        for kind in ("AG", "RS"):
+            for fmt in ("bf16", "fp8"):
+                report.rows.append(nccl_case(tex, kind, shape, fmt, tp, rank, dist.group.WORLD))
+                if rank == 0:
+                    H.log(f"{report.rows[-1]['case']}: {report.rows[-1]}")
+    if rank == 0:
+        report.emit("\nCollective GEMM over NCCL (ours = overlapped ring; non-overlapped = the same exchanges, then the "
+                    "same chunk GEMMs; GEMM alone = the rank's whole GEMM; comm alone = NCCL all_gather_into_tensor / "
+                    "reduce_scatter_tensor (FP32) of the same bytes; torch fused = symm_mem fused_all_gather_matmul "
+                    "/ fused_matmul_reduce_scatter)")
+        report.table(COLUMNS + [("torch fused us", "fused_us", "{:.1f}"), ("torch fused / ours", "ours_over_fused",
+                                                                          "{:.3f}"), ("note", "note", "{}")])
+        for r in report.rows:
+            if r["valid"]:
+                report.at_least(f"{r['case']}: overlap efficiency", r.get("overlap_eff"), 0.9, "{:.2f}", ">= 0.9")
+                report.at_least(f"{r['case']}: non-overlapped / ours", r.get("speedup_vs_base"), 1.15, "{:.3f}x",
+                                ">= 1.15x")
+                if r.get("ours_over_fused") is not None:
+                    report.at_least(f"{r['case']}: torch fused / ours", r["ours_over_fused"], 1.05, "{:.3f}x",
+                                    ">= 1.05x")
+        report.print_targets("Targets (issue 23):")
+        report.summary("cases", time.time() - t0)
+        report.save(H.out_dir_of(args, partial=bool(args.only)), json_path=args.json)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="the large shape and tp = 4 only")
     p.add_argument("--only", action="append", default=[], metavar="SUBSTR", help="cases whose name holds SUBSTR")
     H.add_output_args(p)
     args = p.parse_args()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return main_nccl(args)
     device, tex = H.start(args, "bench_collective.py")
     if device is None:
         return 2
