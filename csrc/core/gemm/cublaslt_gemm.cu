@@ -1,12 +1,17 @@
 // The one cuBLASLt wrapper (SPEC §6): GemmArgs -> matmul descriptor, layouts and preference, a heuristic query
-// and one cublasLtMatmul on the caller's stream. The handle is cached per device and the default workspace per
-// (device, stream); nothing here synchronises the host or allocates while the stream is capturing a CUDA graph.
+// and one cublasLtMatmul on the caller's stream. The handle is cached per device and the heuristic's choice per
+// request key (everything the query sees: device, types, shapes, leading dims, ops, scaling, epilogue, pointer
+// alignments, workspace size), so a repeated call skips the query — the same algorithm, hence the same bits, at a
+// fraction of the host time; nothing here synchronises the host or allocates while the stream is capturing a CUDA
+// graph.
 // Invariant: every cuBLASLt status is checked and turned into a message with the shapes, formats and arch.
 #include <cublasLt.h>
 
+#include <array>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include "gemm.h"
@@ -95,6 +100,28 @@ cublasLtHandle_t handle_for(int dev, const GemmArgs& g) {
   check_lt(cublasLtCreate(&h), "handle creation", g);
   c.handles[dev] = h;
   return h;
+}
+
+// ---- the heuristic's choice per request ------------------------------------------------------------------------
+constexpr int kKeyFields = 32;
+using AlgoKey = std::array<int64_t, kKeyFields>;
+struct AlgoKeyHash {
+  size_t operator()(const AlgoKey& k) const {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+    for (int64_t v : k) {
+      h ^= uint64_t(v);
+      h *= 1099511628211ull;
+    }
+    return size_t(h);
+  }
+};
+struct AlgoCache {
+  std::mutex mu;
+  std::unordered_map<AlgoKey, cublasLtMatmulAlgo_t, AlgoKeyHash> algos;
+};
+AlgoCache& algo_cache() {
+  static AlgoCache* c = new AlgoCache();  // leaked on purpose, as the handles
+  return *c;
 }
 
 // RAII holders so that an early error never leaks a descriptor.
@@ -290,6 +317,33 @@ void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
   const size_t lost = size_t(static_cast<char*>(ws) - static_cast<char*>(g.workspace));
   const size_t ws_bytes = g.workspace_bytes > lost ? g.workspace_bytes - lost : 0;
 
+  // Everything the heuristic query sees (make_desc's attributes follow from these fields).
+  const bool has_aux = g.epilogue == GemmEpilogue::kGeluAux || g.epilogue == GemmEpilogue::kGeluAuxBias ||
+                       g.epilogue == GemmEpilogue::kDGelu || g.epilogue == GemmEpilogue::kDGeluBGrad;
+  const AlgoKey key = {dev, int64_t(g.a.dtype), int64_t(g.b.dtype), int64_t(c_dtype), int64_t(g.d_dtype),
+                       int64_t(g.a.dtype == DType::kFloat32 && g.allow_tf32), int64_t(c.op_a), int64_t(c.op_b),
+                       int64_t(c.a_rows), int64_t(c.a_cols), c.lda, int64_t(c.b_rows), int64_t(c.b_cols), c.ldb,
+                       c.dims.m, c.dims.n, c.ldd, int64_t(g.a.scaling), int64_t(g.b.scaling),
+                       int64_t(g.fast_accum), int64_t(g.alpha_beta != nullptr), int64_t(g.epilogue),
+                       int64_t(g.bias_dtype), has_aux ? int64_t(g.aux_dtype) : -1, int64_t(alignment_of(g.a.data)),
+                       int64_t(alignment_of(g.b.data)), int64_t(alignment_of(c_ptr)), int64_t(alignment_of(g.d)),
+                       int64_t(ws_bytes), 0, 0, 0};
+  AlgoCache& cache = algo_cache();
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    const auto it = cache.algos.find(key);
+    if (it != cache.algos.end()) {
+      const cublasLtMatmulAlgo_t algo = it->second;
+      const float alpha = g.alpha, beta = g.beta;
+      const float* const pa = g.alpha_beta ? g.alpha_beta : &alpha;
+      const float* const pb = g.alpha_beta ? g.alpha_beta + 1 : &beta;
+      check_lt(cublasLtMatmul(handle, desc.d, pa, g.a.data, la.l, g.b.data, lb.l, pb, c_ptr, lc.l, g.d, ld.l, &algo,
+                              ws, ws_bytes, stream),
+               "matmul", g);
+      return;
+    }
+  }
+
   Pref pref;
   check_lt(cublasLtMatmulPreferenceCreate(&pref.p), "preference creation", g);
   const uint64_t ws_pref = ws_bytes;
@@ -313,6 +367,10 @@ void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
               std::to_string(c.dims.m) + " n=" + std::to_string(c.dims.n) + " k=" + std::to_string(c.dims.k) +
               ", workspace " + std::to_string(ws_bytes) + " B, status " + cublasLtGetStatusName(hs) +
               "). Try another output dtype or epilogue, or keep this layer in bf16");
+  }
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    cache.algos.emplace(key, heur.algo);
   }
   const float alpha = g.alpha, beta = g.beta;
   const float* const pa = g.alpha_beta ? g.alpha_beta : &alpha;  // device scalars replace the host ones
