@@ -264,6 +264,17 @@ def test_delayed_records_observed_amaxes_and_next_scale():
     assert float(q1x.scale[0]) == E4M3_MAX / np.float32(amax_x)  # "max": the larger, older amax still rules
 
 
+def _has_gpu_backend():
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+# Open bug (2026-11-26): on the H200 machine this test did not finish within 75 s (a hang or a very slow compile of
+# the CPU/CUDA platform_dependent program), while it passes in about 7 s on the CPU-only CI machine. Skipped where a
+# GPU backend exists, so that the GPU run of tests/jax does not hang, until it is understood.
+@pytest.mark.skipif(_has_gpu_backend(), reason="open bug: does not finish on the GPU machine (see the comment above)")
 def test_nvfp4_stochastic_rounding_takes_rngs():
     """NVFP4 with stochastic rounding keys the gradient's rounding from `rngs` (as Dense / MLP): without it the call
     says so (it used to fail for want of a key no caller could pass); with it the layer runs, and keeps no FP8Meta.
