@@ -29,6 +29,20 @@ struct Error : std::invalid_argument {
 };
 [[noreturn]] inline void fail(ErrorKind kind, const std::string& msg) { throw Error(kind, msg); }
 
+// Runs an op's kernel launch, turning the kernel layer's own refusals (core_fail's std::invalid_argument: a library
+// failure, or a format "not yet supported") into te::Error — kNotImplemented for the latter, kRuntime otherwise —
+// and letting te::Errors through. One place for the rewrap every op's run path needs.
+template <class F> void run_rewrapping_errors(F&& f) {
+  try {
+    f();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    fail(m.find("not yet supported") != std::string::npos ? ErrorKind::kNotImplemented : ErrorKind::kRuntime, m);
+  }
+}
+
 namespace ops {
 
 constexpr int kMaxDims = 8;

@@ -274,17 +274,13 @@ void run_collective_gemm(const CollectiveGemmPlan& p, const CollectiveGemmIO& io
   }
   char* ws = static_cast<char*>(gemm_align_workspace(io.workspace));
   const Runner run{p, io, transport, ctx, ws};
-  try {
+  run_rewrapping_errors([&] {
     if (p.req.kind == CollectiveKind::kAllGather) {
       run.all_gather();
     } else {
       run.reduce_scatter();
     }
-  } catch (const Error&) {
-    throw;
-  } catch (const std::invalid_argument& e) {
-    fail(ErrorKind::kRuntime, e.what());
-  }
+  });
 }
 
 }  // namespace ops

@@ -508,7 +508,8 @@ void run_cuda(const GemmPlan& pl, GemmArgs g, const GemmIO& io, const ExecCtx& c
 
 void run_gemm(const GemmPlan& pl, const GemmIO& io, const ExecCtx& ctx) {
   const GemmArgs g = args_of(pl, io);
-  try {
+  // The launchers' own refusals (core_fail, a cuBLASLt status): a format not provided yet, or a library failure.
+  run_rewrapping_errors([&] {
     if (!ctx.cuda) {
       run_cpu(pl, g, io, ctx);
       return;
@@ -519,13 +520,7 @@ void run_gemm(const GemmPlan& pl, const GemmIO& io, const ExecCtx& ctx) {
     fail(ErrorKind::kNotImplemented, msg(pl.req.op, ": this build of the core has no CUDA kernels; CUDA buffers are "
                                                     "not supported"));
 #endif
-  } catch (const Error&) {
-    throw;
-  } catch (const std::invalid_argument& e) {
-    // The launchers' own refusals (core_fail, a cuBLASLt status): a format not provided yet, or a library failure.
-    const std::string m = e.what();
-    fail(m.find("not yet supported") != std::string::npos ? ErrorKind::kNotImplemented : ErrorKind::kRuntime, m);
-  }
+  });
 }
 
 }  // namespace ops

@@ -199,7 +199,7 @@ void run_grouped_gemm(const GroupedGemmPlan& pl, const GroupedGemmIO& io, const 
   a.lhs_scale_inv = io.lhs_scale_inv;
   a.rhs_scale_inv = io.rhs_scale_inv;
   a.d = io.d;
-  try {
+  run_rewrapping_errors([&] {
     if (!ctx.cuda) {
       grouped_gemm_cpu(a, *ctx.parallel_for);
       return;
@@ -216,11 +216,7 @@ void run_grouped_gemm(const GroupedGemmPlan& pl, const GroupedGemmIO& io, const 
     fail(ErrorKind::kNotImplemented, msg(pl.req.op, ": this build of the core has no CUDA kernels; CUDA buffers are "
                                                     "not supported"));
 #endif
-  } catch (const Error&) {
-    throw;
-  } catch (const std::invalid_argument& e) {
-    fail(ErrorKind::kRuntime, e.what());
-  }
+  });
 }
 
 }  // namespace ops
