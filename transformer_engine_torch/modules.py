@@ -235,37 +235,138 @@ class _LinearFn(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None, None, None
 
 
+class _TPAllReduceBackward(torch.autograd.Function):
+    """Identity forward, all-reduce of the gradient over the TP group backward (a column-parallel layer's replicated
+    input: each rank's dx holds its output columns' share)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, dx):
+        import torch.distributed as dist
+
+        dx = dx.contiguous()
+        dist.all_reduce(dx, group=ctx.group)
+        return dx, None
+
+
+class _TPAllReduce(torch.autograd.Function):
+    """All-reduce of the row-parallel partial outputs forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, y, group):
+        import torch.distributed as dist
+
+        y = y.contiguous().clone()
+        dist.all_reduce(y, group=group)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, None
+
+
 class Linear(_DelayedMixin, torch.nn.Module):
     """y = x·Wᵀ + b with W `[out_features, in_features]` in `params_dtype` (default torch's default dtype), the same
     parameters, initialisation and state_dict keys as `torch.nn.Linear`. Inside `tex.autocast` the three GEMMs run
-    quantized by the recipe (see the module docstring); outside it is `F.linear`."""
+    quantized by the recipe (see the module docstring); outside it is `F.linear`.
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, params_dtype=None, device=None):
+    Tensor parallel (`tp_group` a torch.distributed group of tp ranks): `parallel_mode="column"` keeps W's rows
+    [out_features/tp, in_features] (and the bias's) of this rank, `"row"` W's columns [out_features, in_features/tp]
+    (the bias whole, added after the reduction). With `sequence_parallel=True` the activations between layers are
+    split along the tokens: a column layer takes x [tokens/tp, in] and all-gathers it inside its GEMM
+    (`tex.all_gather_gemm`), a row layer returns y [tokens/tp, out] reduce-scattered out of its GEMM
+    (`tex.gemm_reduce_scatter`), both with the communication overlapped (`comm_overlap=False`: the same exchanges
+    first, then the GEMMs) and the backward mirrored. Without it, a column layer takes the whole x (its gradient
+    all-reduced) and a row layer all-reduces its output (a sequence-parallel row layer's bias gradient is summed over
+    the group, so every rank's equals the unsharded layer's). The weight is initialised as the unsharded layer's rows or
+    columns would be: `torch.nn.Linear`'s bound (fan-in = the full in_features). Not yet: a recipe (tex.autocast)
+    with a tensor-parallel mode raises NotImplementedError."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, params_dtype=None, device=None, *,
+                 tp_group=None, parallel_mode: Optional[str] = None, sequence_parallel: bool = False,
+                 comm_overlap: bool = True):
         super().__init__()
+        if parallel_mode not in (None, "column", "row"):
+            raise ValueError(f"Linear: parallel_mode must be None, 'column' or 'row', got {parallel_mode!r}")
+        if parallel_mode is not None and tp_group is None:
+            raise ValueError(f"Linear: parallel_mode={parallel_mode!r} needs tp_group (a torch.distributed group)")
         self.in_features, self.out_features = int(in_features), int(out_features)
+        self.tp_group, self.parallel_mode = tp_group, parallel_mode
+        self.sequence_parallel, self.comm_overlap = bool(sequence_parallel), bool(comm_overlap)
+        tp = tp_group.size() if parallel_mode is not None else 1
+        split = {"column": self.out_features, "row": self.in_features}.get(parallel_mode)
+        if split is not None and split % tp:
+            raise ValueError(f"Linear: {parallel_mode}-parallel splits {'out' if parallel_mode == 'column' else 'in'}"
+                             f"_features={split} over tp={tp} ranks: it must be a multiple of tp")
+        rows = self.out_features // tp if parallel_mode == "column" else self.out_features
+        cols = self.in_features // tp if parallel_mode == "row" else self.in_features
         kw = dict(dtype=params_dtype if params_dtype is not None else torch.get_default_dtype(), device=device)
-        self.weight = torch.nn.Parameter(torch.empty(self.out_features, self.in_features, **kw))
+        self.weight = torch.nn.Parameter(torch.empty(rows, cols, **kw))
         if bias:
-            self.bias = torch.nn.Parameter(torch.empty(self.out_features, **kw))
+            self.bias = torch.nn.Parameter(torch.empty(rows, **kw))
         else:
             self.register_parameter("bias", None)
         self._init_fp8_buffers(device)
         self.reset_parameters()
 
+    def _tp_forward(self, x):
+        from .collective import all_gather_gemm, gemm_reduce_scatter
+
+        if is_fp8_enabled():
+            raise NotImplementedError(f"Linear: not yet supported: a recipe (tex.autocast) with parallel_mode="
+                                      f"{self.parallel_mode!r}; run the tensor-parallel layer outside autocast")
+        lead, k = tuple(x.shape[:-1]), x.shape[-1]
+        tp = self.tp_group.size()
+        if self.sequence_parallel and len(lead) > 1 and self.parallel_mode == "row" and lead[0] % tp:
+            raise ValueError(f"Linear: a sequence-parallel row layer scatters the first dim of x {tuple(x.shape)} "
+                             f"over tp={tp} ranks: it must be a multiple of tp")
+        x2 = x.reshape(-1, k)
+        w = self.weight.to(x2.dtype)
+        if self.parallel_mode == "column":
+            if self.sequence_parallel:  # x holds this rank's tokens (first dim); y all of them
+                y = all_gather_gemm(x2.contiguous(), w, self.tp_group, comm_overlap=self.comm_overlap)
+                lead = (lead[0] * tp,) + lead[1:] if lead else lead
+            else:
+                y = F.linear(_TPAllReduceBackward.apply(x2, self.tp_group), w)
+            if self.bias is not None:
+                y = y + self.bias.to(y.dtype)
+        else:
+            if self.sequence_parallel:  # y: this rank's share of the tokens (first dim)
+                y = gemm_reduce_scatter(x2.contiguous(), w, self.tp_group, comm_overlap=self.comm_overlap)
+                lead = (lead[0] // tp,) + lead[1:] if lead else lead
+            else:
+                y = _TPAllReduce.apply(F.linear(x2, w), self.tp_group)
+            if self.bias is not None:  # sequence parallel: each rank adds it to its tokens, so its grad is summed
+                bias = _TPAllReduceBackward.apply(self.bias, self.tp_group) if self.sequence_parallel else self.bias
+                y = y + bias.to(y.dtype)
+        return y.reshape(*lead, y.shape[-1])
+
     def reset_parameters(self):
-        """torch.nn.Linear's initialisation."""
-        torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        """torch.nn.Linear's initialisation (bounds from the full, unsharded in_features)."""
+        bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
+        if self.parallel_mode is None:
+            torch.nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        else:  # kaiming_uniform with a = sqrt(5) is uniform(±1/sqrt(fan_in)); the shard's fan-in is not the layer's
+            torch.nn.init.uniform_(self.weight, -bound, bound)
         if self.bias is not None:
-            bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
             torch.nn.init.uniform_(self.bias, -bound, bound)
 
     def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        tp = "" if self.parallel_mode is None else (f", parallel_mode={self.parallel_mode}, sequence_parallel="
+                                                     f"{self.sequence_parallel}, tp={self.tp_group.size()}")
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{tp}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"Linear: input last dim {x.shape[-1]} != in_features {self.in_features} "
-                             f"(input shape {tuple(x.shape)})")
+        k_local = self.weight.shape[1]
+        if x.shape[-1] != k_local:
+            what = "this rank's in_features shard" if self.parallel_mode == "row" else "in_features"
+            raise ValueError(f"Linear: input last dim {x.shape[-1]} != {what} {k_local} (input shape {tuple(x.shape)})")
+        if self.parallel_mode is not None:
+            return self._tp_forward(x)
         if not is_fp8_enabled():
             return F.linear(x, self.weight, self.bias)
         recipe = get_fp8_recipe()

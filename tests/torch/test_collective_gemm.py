@@ -111,9 +111,50 @@ def check_rank(tex, rank, tp, device):
                                 torch.zeros(N, K, dtype=torch.bfloat16, device=device))
 
 
-def _assert_close(got, want, what):
+def check_tp_layers(tex, rank, tp, device):
+    """tex.Linear's tensor-parallel modes: a column layer then a row layer (an MLP's fc1 / fc2), with and without
+    sequence parallelism, forward and backward, against the unsharded pair in float64. fp32 parameters and inputs."""
+    import torch.distributed as dist
+
+    s, b, h, f = 4 * tp, 3, 32, 16 * tp  # [seq, batch, hidden], ffn
+    gen = torch.Generator().manual_seed(21)
+    rnd = lambda *shape: (torch.rand(*shape, generator=gen) * 2 - 1).to(device)  # noqa: E731
+    w1, b1, w2, b2, x, g = rnd(f, h), rnd(f), rnd(h, f), rnd(h), rnd(s, b, h), rnd(s, b, h)
+    x64 = x.double().requires_grad_()
+    w1_64, b1_64, w2_64, b2_64 = (t.double().requires_grad_() for t in (w1, b1, w2, b2))
+    y64 = torch.nn.functional.linear(torch.relu(torch.nn.functional.linear(x64, w1_64, b1_64)), w2_64, b2_64)
+    (y64 * g.double()).sum().backward()
+    fs, ss = slice(rank * f // tp, (rank + 1) * f // tp), slice(rank * s // tp, (rank + 1) * s // tp)
+    group = dist.group.WORLD
+    for sp in (True, False):
+        fc1 = tex.Linear(h, f, tp_group=group, parallel_mode="column", sequence_parallel=sp, device=device)
+        fc2 = tex.Linear(f, h, tp_group=group, parallel_mode="row", sequence_parallel=sp, device=device)
+        with torch.no_grad():
+            fc1.weight.copy_(w1[fs]), fc1.bias.copy_(b1[fs]), fc2.weight.copy_(w2[:, fs]), fc2.bias.copy_(b2)
+        xin = (x[ss] if sp else x).clone().requires_grad_()
+        y = fc2(torch.relu(fc1(xin)))
+        rows = ss if sp else slice(None)
+        assert y.shape == y64[rows].shape, f"sp={sp}: y {tuple(y.shape)}"
+        what = f"rank {rank} TP Linear sp={sp}"
+        _assert_close(y.detach(), y64[rows].detach(), f"{what}: y", rel=2 ** -20)
+        (y * g[rows]).sum().backward()
+        _assert_close(xin.grad, x64.grad[rows], f"{what}: dx", rel=2 ** -20)
+        _assert_close(fc1.weight.grad, w1_64.grad[fs], f"{what}: d fc1.weight", rel=2 ** -20)
+        _assert_close(fc1.bias.grad, b1_64.grad[fs], f"{what}: d fc1.bias", rel=2 ** -20)
+        _assert_close(fc2.weight.grad, w2_64.grad[:, fs], f"{what}: d fc2.weight", rel=2 ** -20)
+        _assert_close(fc2.bias.grad, b2_64.grad, f"{what}: d fc2.bias (summed over the group)", rel=2 ** -20)
+    with pytest.raises(ValueError, match=r"parallel_mode='column' needs tp_group"):
+        tex.Linear(h, f, parallel_mode="column")
+    with pytest.raises(ValueError, match=rf"splits out_features={f + 1} over tp={tp} ranks"):
+        tex.Linear(h, f + 1, tp_group=group, parallel_mode="column")
+    with pytest.raises(NotImplementedError, match=r"a recipe \(tex.autocast\) with parallel_mode='row'"):
+        with tex.autocast(recipe=tex.Float8CurrentScaling()):
+            tex.Linear(f, h, tp_group=group, parallel_mode="row", device=device)(torch.zeros(s, f // tp, device=device))
+
+
+def _assert_close(got, want, what, rel=2 ** -7):
     err = (got.double() - want).abs().max().item()
-    bound = 2 ** -7 * want.abs().max().item() + 1e-6
+    bound = rel * want.abs().max().item() + 1e-12
     assert err <= bound, f"{what}: max error {err:.3g} > {bound:.3g}"
     assert (got.double() - want.flip(0)).abs().max().item() > bound, f"{what}: the check would not catch it"
 
@@ -131,6 +172,7 @@ def worker(rank, tp, init_file, results, backend):
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=tp,
                                 **({"device_id": torch.device(device)} if backend == "nccl" else {}))
         check_rank(tex_module(), rank, tp, device)
+        check_tp_layers(tex_module(), rank, tp, device)
         results[rank] = "ok"
         dist.barrier()
         dist.destroy_process_group()
