@@ -6,7 +6,8 @@ command buffer; its shapes are static (M_total, the expert count), as XLA needs.
 out[rows of g] = lhs[rows of g] · rhs[g] contracted over K, for the groups g in order. Group g owns the rows after
 the previous groups' (negative sizes count as 0, sizes summing past M_total are cut there) and the rows past the
 sizes' sum come out as zeros (csrc/core/gemm/grouped_gemm.h). On CUDA: CUTLASS Hopper tensor-core kernels for bf16
-and FP8 (E4M3 x E4M3, E5M2 x E4M3; per-tensor, or 1x128 x 128x128 blocks), a portable kernel for fp16/fp32; the CPU runs the exact CPU GEMM per group.
+and FP8 (E4M3 x E4M3, E5M2 x E4M3; per-tensor, or 1x128 x 128x128 blocks), a portable kernel for fp16/fp32; the CPU
+runs the exact CPU GEMM per group.
 """
 from __future__ import annotations
 
@@ -159,8 +160,8 @@ def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quant
     arrays with per-tensor FP8 quantizers (`rhs_quantizer` quantizes each group on its own). FP8 blocks run natively
     for lhs with 1x128 blocks and rhs [G, N, K] with 128x128 tiles (a quantizer's per-group tiles, or a ScaledTensor
     with N a multiple of 128), the scales applied every 128-deep K step; other FP8 block pairings, MXFP8 and NVFP4
-    operands or quantizers are emulated: both operands' dequantized bf16 values through the bf16 grouped GEMM. FP8 rhs must be
-    [G, N, K] (FP8 tensor cores are TN); E5M2 x E5M2 is refused; `use_split_accumulator=False` takes the tensor
+    operands or quantizers are emulated: both operands' dequantized bf16 values through the bf16 grouped GEMM. FP8
+    rhs must be [G, N, K] (FP8 tensor cores are TN); E5M2 x E5M2 is refused; `use_split_accumulator=False` takes the tensor
     cores' faster, less precise FP8 accumulation (SPEC §6.3). The output is the operands' dtype (bf16 for FP8)
     unless `out_dtype` is given. Shapes and every rule are checked at trace time by the core's planner."""
     _register()
