@@ -269,6 +269,42 @@ class _TPAllReduce(torch.autograd.Function):
         return dy, None
 
 
+def _tp_linear(layer: str, x, w, bias, mode: str, group, sequence_parallel: bool, comm_overlap: bool):
+    """One tensor-parallel linear (Linear's docstring): y = x·wᵀ + bias with w this rank's rows ("column") or
+    columns ("row"); sequence parallel: all-gather of x's first dim inside the GEMM (column) or reduce-scatter of y's
+    (row), else the all-reduce of the column layer's input gradient or of the row layer's output. No recipe yet."""
+    from .collective import all_gather_gemm, gemm_reduce_scatter
+
+    if is_fp8_enabled():
+        raise NotImplementedError(f"{layer}: not yet supported: a recipe (tex.autocast) with parallel_mode="
+                                  f"{mode!r}; run the tensor-parallel layer outside autocast")
+    lead, k = tuple(x.shape[:-1]), x.shape[-1]
+    tp = group.size()
+    if sequence_parallel and len(lead) > 1 and mode == "row" and lead[0] % tp:
+        raise ValueError(f"{layer}: a sequence-parallel row layer scatters the first dim of its input "
+                         f"{tuple(x.shape)} over tp={tp} ranks: it must be a multiple of tp")
+    x2 = x.reshape(-1, k)
+    w = w.to(x2.dtype)
+    if mode == "column":
+        if sequence_parallel:  # x holds this rank's tokens (first dim); y all of them
+            y = all_gather_gemm(x2.contiguous(), w, group, comm_overlap=comm_overlap)
+            lead = (lead[0] * tp,) + lead[1:] if lead else lead
+        else:
+            y = F.linear(_TPAllReduceBackward.apply(x2, group), w)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+    else:
+        if sequence_parallel:  # y: this rank's share of the tokens (first dim)
+            y = gemm_reduce_scatter(x2.contiguous(), w, group, comm_overlap=comm_overlap)
+            lead = (lead[0] // tp,) + lead[1:] if lead else lead
+        else:
+            y = _TPAllReduce.apply(F.linear(x2, w), group)
+        if bias is not None:  # sequence parallel: each rank adds it to its tokens, so its grad is summed
+            bias = _TPAllReduceBackward.apply(bias, group) if sequence_parallel else bias
+            y = y + bias.to(y.dtype)
+    return y.reshape(*lead, y.shape[-1])
+
+
 class Linear(_DelayedMixin, torch.nn.Module):
     """y = x·Wᵀ + b with W `[out_features, in_features]` in `params_dtype` (default torch's default dtype), the same
     parameters, initialisation and state_dict keys as `torch.nn.Linear`. Inside `tex.autocast` the three GEMMs run
@@ -313,38 +349,6 @@ class Linear(_DelayedMixin, torch.nn.Module):
         self._init_fp8_buffers(device)
         self.reset_parameters()
 
-    def _tp_forward(self, x):
-        from .collective import all_gather_gemm, gemm_reduce_scatter
-
-        if is_fp8_enabled():
-            raise NotImplementedError(f"Linear: not yet supported: a recipe (tex.autocast) with parallel_mode="
-                                      f"{self.parallel_mode!r}; run the tensor-parallel layer outside autocast")
-        lead, k = tuple(x.shape[:-1]), x.shape[-1]
-        tp = self.tp_group.size()
-        if self.sequence_parallel and len(lead) > 1 and self.parallel_mode == "row" and lead[0] % tp:
-            raise ValueError(f"Linear: a sequence-parallel row layer scatters the first dim of x {tuple(x.shape)} "
-                             f"over tp={tp} ranks: it must be a multiple of tp")
-        x2 = x.reshape(-1, k)
-        w = self.weight.to(x2.dtype)
-        if self.parallel_mode == "column":
-            if self.sequence_parallel:  # x holds this rank's tokens (first dim); y all of them
-                y = all_gather_gemm(x2.contiguous(), w, self.tp_group, comm_overlap=self.comm_overlap)
-                lead = (lead[0] * tp,) + lead[1:] if lead else lead
-            else:
-                y = F.linear(_TPAllReduceBackward.apply(x2, self.tp_group), w)
-            if self.bias is not None:
-                y = y + self.bias.to(y.dtype)
-        else:
-            if self.sequence_parallel:  # y: this rank's share of the tokens (first dim)
-                y = gemm_reduce_scatter(x2.contiguous(), w, self.tp_group, comm_overlap=self.comm_overlap)
-                lead = (lead[0] // tp,) + lead[1:] if lead else lead
-            else:
-                y = _TPAllReduce.apply(F.linear(x2, w), self.tp_group)
-            if self.bias is not None:  # sequence parallel: each rank adds it to its tokens, so its grad is summed
-                bias = _TPAllReduceBackward.apply(self.bias, self.tp_group) if self.sequence_parallel else self.bias
-                y = y + bias.to(y.dtype)
-        return y.reshape(*lead, y.shape[-1])
-
     def reset_parameters(self):
         """torch.nn.Linear's initialisation (bounds from the full, unsharded in_features)."""
         bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
@@ -366,7 +370,8 @@ class Linear(_DelayedMixin, torch.nn.Module):
             what = "this rank's in_features shard" if self.parallel_mode == "row" else "in_features"
             raise ValueError(f"Linear: input last dim {x.shape[-1]} != {what} {k_local} (input shape {tuple(x.shape)})")
         if self.parallel_mode is not None:
-            return self._tp_forward(x)
+            return _tp_linear("Linear", x, self.weight, self.bias, self.parallel_mode, self.tp_group,
+                              self.sequence_parallel, self.comm_overlap)
         if not is_fp8_enabled():
             return F.linear(x, self.weight, self.bias)
         recipe = get_fp8_recipe()
@@ -471,22 +476,33 @@ class MLP(_DelayedMixin, torch.nn.Module):
     whose first half goes through the nonlinearity, SPEC §3.2), `fc2` Linear(ffn_hidden_size → hidden_size).
     `activation`: any key of `ACTIVATIONS` (gelu = tanh approximation). Inside `tex.autocast` one autograd function
     runs both quantized GEMMs, the activation fused with its quantization for fc2, and the fused dact(+dbias)
-    backward; outside it is plain PyTorch math. Parameters: `fc1_weight`, `fc1_bias`, `fc2_weight`, `fc2_bias`."""
+    backward; outside it is plain PyTorch math. Parameters: `fc1_weight`, `fc1_bias`, `fc2_weight`, `fc2_bias`.
+
+    Tensor parallel (`tp_group`): fc1 column-parallel (this rank's ffn/tp rows of each half for a gated activation:
+    [activated rows; linear rows]), fc2 row-parallel, with `sequence_parallel` and `comm_overlap` as Linear's; no
+    recipe yet (tex.autocast with tp_group raises NotImplementedError)."""
 
     _N_FWD = 6
     _N_BWD = 4
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, activation: str = "gelu", bias: bool = True,
-                 params_dtype=None, device=None):
+                 params_dtype=None, device=None, *, tp_group=None, sequence_parallel: bool = False,
+                 comm_overlap: bool = True):
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"MLP: activation must be one of {', '.join(ACTIVATIONS)}, got {activation!r}")
         self.hidden_size, self.ffn_hidden_size, self.activation = int(hidden_size), int(ffn_hidden_size), activation
         self.gated = ACTIVATIONS[activation][3]
-        fc1_out = self.ffn_hidden_size * (2 if self.gated else 1)
+        self.tp_group, self.sequence_parallel, self.comm_overlap = tp_group, bool(sequence_parallel), bool(comm_overlap)
+        tp = tp_group.size() if tp_group is not None else 1
+        if self.ffn_hidden_size % tp:
+            raise ValueError(f"MLP: tensor parallelism splits ffn_hidden_size={self.ffn_hidden_size} over tp={tp} "
+                             f"ranks: it must be a multiple of tp")
+        ffn = self.ffn_hidden_size // tp  # this rank's share (gated: of each half)
+        fc1_out = ffn * (2 if self.gated else 1)
         kw = dict(dtype=params_dtype if params_dtype is not None else torch.get_default_dtype(), device=device)
         self.fc1_weight = torch.nn.Parameter(torch.empty(fc1_out, self.hidden_size, **kw))
-        self.fc2_weight = torch.nn.Parameter(torch.empty(self.hidden_size, self.ffn_hidden_size, **kw))
+        self.fc2_weight = torch.nn.Parameter(torch.empty(self.hidden_size, ffn, **kw))
         if bias:
             self.fc1_bias = torch.nn.Parameter(torch.empty(fc1_out, **kw))
             self.fc2_bias = torch.nn.Parameter(torch.empty(self.hidden_size, **kw))
@@ -497,11 +513,17 @@ class MLP(_DelayedMixin, torch.nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        """torch.nn.Linear's initialisation for each of the two weights and biases."""
-        for w, b in ((self.fc1_weight, self.fc1_bias), (self.fc2_weight, self.fc2_bias)):
-            torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+        """torch.nn.Linear's initialisation for each of the two weights and biases (bounds from the unsharded fan-in:
+        uniform(±1/sqrt(fan_in)), which kaiming_uniform with a = sqrt(5) is)."""
+        for (w, b), fan_in in (((self.fc1_weight, self.fc1_bias), self.hidden_size),
+                               ((self.fc2_weight, self.fc2_bias), self.ffn_hidden_size)):
+            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+            if self.tp_group is None:  # torch.nn.Linear's own call, bit for bit
+                torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+            else:  # a shard: the unsharded layer's fan-in
+                torch.nn.init.uniform_(w, -bound, bound)
             if b is not None:
-                torch.nn.init.uniform_(b, -1 / math.sqrt(w.shape[1]), 1 / math.sqrt(w.shape[1]))
+                torch.nn.init.uniform_(b, -bound, bound)
 
     def extra_repr(self):
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
@@ -515,6 +537,12 @@ class MLP(_DelayedMixin, torch.nn.Module):
         if x.shape[-1] != self.hidden_size:
             raise ValueError(f"MLP: input last dim {x.shape[-1]} != hidden_size {self.hidden_size} "
                              f"(input shape {tuple(x.shape)})")
+        if self.tp_group is not None:  # fc1 column-parallel, fc2 row-parallel (Linear's tensor-parallel modes)
+            h = _tp_linear("MLP fc1", x, self.fc1_weight, self.fc1_bias, "column", self.tp_group,
+                           self.sequence_parallel, self.comm_overlap)
+            a = getattr(_act, ACTIVATIONS[self.activation][0])(h, None)
+            return _tp_linear("MLP fc2", a, self.fc2_weight, self.fc2_bias, "row", self.tp_group,
+                              self.sequence_parallel, self.comm_overlap)
         if not is_fp8_enabled():
             return self._plain(x)
         recipe = get_fp8_recipe()

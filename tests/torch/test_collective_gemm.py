@@ -6,6 +6,7 @@ own, each chunk with its own scale), and "GEMM then reduce-scatter" is the FP32 
 shard added in the ring's order (chunk c: ranks c + 1, c + 2, …, c) and rounded once. Also against a float64
 product, so that the reference itself is checked. On one GPU (tests marked cuda) the loopback transport runs the same
 schedule with copy-engine exchanges: bit for bit the non-overlapped result, and under CUDA-graph capture."""
+import math
 import os
 import tempfile
 import traceback
@@ -143,6 +144,36 @@ def check_tp_layers(tex, rank, tp, device):
         _assert_close(fc1.bias.grad, b1_64.grad[fs], f"{what}: d fc1.bias", rel=2 ** -20)
         _assert_close(fc2.weight.grad, w2_64.grad[:, fs], f"{what}: d fc2.weight", rel=2 ** -20)
         _assert_close(fc2.bias.grad, b2_64.grad, f"{what}: d fc2.bias (summed over the group)", rel=2 ** -20)
+    # tex.MLP's tensor-parallel mode: gelu, and swiglu (fc1's two halves sharded alike)
+    for act, gated in (("gelu", False), ("swiglu", True)):
+        a1 = rnd((2 if gated else 1) * f, h)
+        c1 = rnd((2 if gated else 1) * f)
+        x64 = x.double().requires_grad_()
+        p64 = [t.double().requires_grad_() for t in (a1, c1, w2, b2)]
+        h64 = torch.nn.functional.linear(x64, p64[0], p64[1])
+        if gated:
+            u, v = h64[..., :f], h64[..., f:]
+            act64 = u * torch.sigmoid(u) * v
+        else:
+            act64 = 0.5 * h64 * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h64 + 0.044715 * h64 ** 3)))
+        y64 = torch.nn.functional.linear(act64, p64[2], p64[3])
+        (y64 * g.double()).sum().backward()
+        rows1 = torch.cat([torch.arange(f)[fs] + i * f for i in range(2 if gated else 1)])
+        for sp in (True, False):
+            mlp = tex.MLP(h, f, act, tp_group=group, sequence_parallel=sp, device=device)
+            with torch.no_grad():
+                mlp.fc1_weight.copy_(a1[rows1]), mlp.fc1_bias.copy_(c1[rows1])
+                mlp.fc2_weight.copy_(w2[:, fs]), mlp.fc2_bias.copy_(b2)
+            ss_ = ss if sp else slice(None)
+            xin = x[ss_].clone().requires_grad_()
+            y = mlp(xin)
+            what = f"rank {rank} TP MLP {act} sp={sp}"
+            _assert_close(y.detach(), y64[ss_].detach(), f"{what}: y", rel=2 ** -16)
+            (y * g[ss_]).sum().backward()
+            _assert_close(xin.grad, x64.grad[ss_], f"{what}: dx", rel=2 ** -16)
+            _assert_close(mlp.fc1_weight.grad, p64[0].grad[rows1], f"{what}: d fc1_weight", rel=2 ** -16)
+            _assert_close(mlp.fc2_weight.grad, p64[2].grad[:, fs], f"{what}: d fc2_weight", rel=2 ** -16)
+            _assert_close(mlp.fc2_bias.grad, p64[3].grad, f"{what}: d fc2_bias", rel=2 ** -16)
     with pytest.raises(ValueError, match=r"parallel_mode='column' needs tp_group"):
         tex.Linear(h, f, parallel_mode="column")
     with pytest.raises(ValueError, match=rf"splits out_features={f + 1} over tp={tp} ranks"):
