@@ -44,6 +44,26 @@ te::DType input_dtype(const Tensor& t, const char* op, const char* what) {
   return te::DType::kFloat32;  // not reached
 }
 
+// A torch tensor's element type as the core's DType (the core checks it against the argument's role); a type the core
+// has no code for raises TypeError here.
+te::DType storage_dtype(const Tensor& t, const char* what, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return te::DType::kFloat32;
+    case at::kHalf: return te::DType::kFloat16;
+    case at::kBFloat16: return te::DType::kBFloat16;
+    case at::kByte: return te::DType::kByte;
+    case at::kShort: return te::DType::kInt16;
+    case at::kInt: return te::DType::kInt32;
+    case at::kLong: return te::DType::kInt64;
+    case at::kFloat8_e4m3fn: return te::DType::kFloat8E4M3;
+    case at::kFloat8_e5m2: return te::DType::kFloat8E5M2;
+    default: break;
+  }
+  TORCH_CHECK_TYPE(false, op, ": ", what, " has dtype ", dtype_name(t.scalar_type()), " with shape ", shape_str(t),
+                   ", which no GEMM argument takes");
+  return te::DType::kByte;  // not reached
+}
+
 at::ScalarType scalar_type_of(te::DType d) {
   switch (d) {
     case te::DType::kFloat32: return at::kFloat;

@@ -41,6 +41,9 @@ std::string arch_name(const Tensor& t);  // "cpu" or "sm_90"
 // float32/float16/bfloat16 -> core DType; anything else raises TypeError naming `what` and `op`.
 te::DType input_dtype(const Tensor& t, const char* op, const char* what);
 at::ScalarType scalar_type_of(te::DType d);
+// A tensor's element type as the core's DType (FP8 dtypes included, uint8 as kByte); a type no GEMM argument takes
+// raises TypeError naming `what` and `op`. The core then checks it against the argument's role.
+te::DType storage_dtype(const Tensor& t, const char* what, const char* op);
 
 // The core's dispatch context for work on `ref`'s device: the current CUDA stream of that device, or ATen's CPU
 // thread pool. The arch name is left to the core, which derives it only when a message needs it.

@@ -56,10 +56,7 @@ te::ops::CollectiveOperand operand(const Tensor& t, const c10::optional<Tensor>&
   te::ops::CollectiveOperand o;
   o.data.present = true;
   o.data.contiguous = t.is_contiguous();
-  o.data.v = view_of(t, code == int64_t(te::DType::kFloat8E4M3) || code == int64_t(te::DType::kFloat8E5M2)
-                            ? (t.scalar_type() == at::kByte ? te::DType::kByte : te::DType(code))
-                            : te::DType(code),
-                     op);
+  o.data.v = view_of(t, storage_dtype(t, name, op), op);  // the core checks it against `code`
   o.dtype_code = code;
   if (scale_inv.has_value()) {
     TORCH_CHECK_VALUE(scale_inv->scalar_type() == at::kFloat && scale_inv->numel() == 1 && scale_inv->device() == t.device(),
@@ -96,10 +93,8 @@ std::tuple<Tensor, Tensor, Tensor> run(const char* op, const Tensor& x_in, const
 #endif
     const te::ops::ExecCtx ctx = exec_ctx(x);
     const te::ops::CollectiveGemmPlan plan = te::ops::plan_collective_gemm(r, ctx);
-    const at::ScalarType st = plan.d_dtype == te::DType::kFloat32   ? at::kFloat
-                              : plan.d_dtype == te::DType::kFloat16 ? at::kHalf
-                                                                     : at::kBFloat16;
-    Tensor d = new_empty_in_guard(c10::IntArrayRef(plan.d_shape.dims, 2), x.options().dtype(st));
+    Tensor d = new_empty_in_guard(c10::IntArrayRef(plan.d_shape.dims, 2),
+                                  x.options().dtype(scalar_type_of(plan.d_dtype)));
     Tensor gathered, gathered_scale;
     te::ops::CollectiveGemmIO io;
     if (return_gathered && r.kind == te::ops::CollectiveKind::kAllGather) {

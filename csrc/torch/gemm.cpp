@@ -12,26 +12,6 @@ namespace {
 
 constexpr const char* kOp = "generic_gemm";
 
-// A torch tensor's element type as the core's DType (the core checks it against the argument's role); a type the core
-// has no code for raises TypeError here.
-te::DType storage_dtype(const Tensor& t, const char* what, const char* op = kOp) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return te::DType::kFloat32;
-    case at::kHalf: return te::DType::kFloat16;
-    case at::kBFloat16: return te::DType::kBFloat16;
-    case at::kByte: return te::DType::kByte;
-    case at::kShort: return te::DType::kInt16;
-    case at::kInt: return te::DType::kInt32;
-    case at::kLong: return te::DType::kInt64;
-    case at::kFloat8_e4m3fn: return te::DType::kFloat8E4M3;
-    case at::kFloat8_e5m2: return te::DType::kFloat8E5M2;
-    default: break;
-  }
-  TORCH_CHECK_TYPE(false, op, ": ", what, " has dtype ", dtype_name(t.scalar_type()), " with shape ", shape_str(t),
-                   ", which no GEMM argument takes");
-  return te::DType::kByte;  // not reached
-}
-
 // An optional tensor as the core's buffer, after the device check every tensor of the call gets.
 te::ops::GemmBuffer buffer(const c10::optional<Tensor>& t, const char* what, const Tensor& ref) {
   te::ops::GemmBuffer b;
@@ -40,7 +20,7 @@ te::ops::GemmBuffer buffer(const c10::optional<Tensor>& t, const char* what, con
                     " but the operands are on ", ref.device().str());
   b.present = true;
   b.contiguous = t->is_contiguous();
-  b.v = view_of(*t, storage_dtype(*t, what), kOp);
+  b.v = view_of(*t, storage_dtype(*t, what, kOp), kOp);
   return b;
 }
 
@@ -198,10 +178,8 @@ Tensor grouped_gemm(const Tensor& lhs_in, const Tensor& rhs_in, const Tensor& gr
 #endif
     const te::ops::ExecCtx ctx = exec_ctx(lhs);
     const te::ops::GroupedGemmPlan plan = te::ops::plan_grouped_gemm(r, ctx, /*plan_outputs=*/true);
-    const at::ScalarType st = plan.d_dtype == te::DType::kFloat32   ? at::kFloat
-                              : plan.d_dtype == te::DType::kFloat16 ? at::kHalf
-                                                                     : at::kBFloat16;
-    out = new_empty_in_guard(c10::IntArrayRef(plan.d_shape.dims, size_t(plan.d_shape.ndim)), lhs.options().dtype(st));
+    out = new_empty_in_guard(c10::IntArrayRef(plan.d_shape.dims, size_t(plan.d_shape.ndim)),
+                             lhs.options().dtype(scalar_type_of(plan.d_dtype)));
     Tensor ws;
     te::ops::GroupedGemmIO io;
     if (plan.workspace_bytes > 0) {

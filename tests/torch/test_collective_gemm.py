@@ -107,6 +107,10 @@ def check_rank(tex, rank, tp, device):
     close(xr.grad, g_full.double() @ w_full[:, ks[rank]].double(), "RS dgrad (all-gather ring)")
     close(wr.grad, g_full.double().t() @ x_full[:, ks[rank]].double(), "RS wgrad (the gathered dy)")
     # ---- errors ----------------------------------------------------------------------------------------------
+    # the op called directly with a DType code that is not the tensor's: refused by the core, never read as bf16
+    group_name = __import__("torch.distributed", fromlist=["group"]).group.WORLD.group_name
+    with pytest.raises(TypeError, match=r"operand B is Float but its DType code says bf16"):
+        torch.ops.te.collective_gemm(xa[rows].float().contiguous(), None, 6, wa, None, 6, 1, group_name, 6)
     with pytest.raises(ValueError, match=rf"reduce-scatter splits x's {tp * m + 1} rows into tp = {tp} equal chunks"):
         tex.gemm_reduce_scatter(torch.zeros(tp * m + 1, K, dtype=torch.bfloat16, device=device),
                                 torch.zeros(N, K, dtype=torch.bfloat16, device=device))

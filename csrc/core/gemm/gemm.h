@@ -29,6 +29,14 @@ namespace te {
 // there, and emulate them on GPUs without a native kernel).
 enum class GemmScaling : int { kNone = 0, kFp8PerTensor = 1, kMxfp8 = 2, kNvfp4 = 3, kFp8Block1d = 4, kFp8Block2d = 5 };
 
+// SPEC §4.8: where the scale_inv of element (r, c) of a stored [rows, cols] FP8-block matrix (cols = K) lives — 1x128
+// blocks: [ceil(cols/128), roundup(rows, 4)], rows contiguous; 128x128 tiles: [ceil(rows/128), roundup(ceil(cols/128),
+// 4)]. The grouped GEMM's lhs uses the first with rows = m_total and r its absolute row.
+TE_HD int64_t gemm_fp8_block_scale_index(bool one_d, int64_t r, int64_t c, int64_t rows, int64_t cols) {
+  constexpr int64_t b = 128;
+  return one_d ? (c / b) * ((rows + 3) / 4 * 4) + r : (r / b) * (((cols + b - 1) / b + 3) / 4 * 4) + c / b;
+}
+
 // Epilogue applied after alpha·op(B)op(A) + beta·D_in (SPEC §6.2).
 enum class GemmEpilogue : int {
   kNone = 0,

@@ -65,10 +65,8 @@ float load(const void* p, int64_t i, DType d, float scale_inv) {
 // `k_major` says whether the stored operand already runs along k in memory (A with trans, B without).
 // FP8 blocks: the scale_inv of the stored element (r, c), by gemm.h's layouts (SPEC §4.8).
 float block_scale_inv(const GemmOperand& x, int64_t r, int64_t c) {
-  const float* s = static_cast<const float*>(x.scale_inv);
-  constexpr int64_t b = 128;
-  if (x.scaling == GemmScaling::kFp8Block1d) return s[(c / b) * ((x.rows + 3) / 4 * 4) + r];
-  return s[(r / b) * (((x.cols + b - 1) / b + 3) / 4 * 4) + c / b];
+  return static_cast<const float*>(x.scale_inv)[gemm_fp8_block_scale_index(x.scaling == GemmScaling::kFp8Block1d, r,
+                                                                           c, x.rows, x.cols)];
 }
 
 std::vector<float> decode_k_contiguous(const GemmOperand& x, bool k_major, int64_t outer, int64_t k,

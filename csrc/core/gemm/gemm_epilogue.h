@@ -32,6 +32,8 @@ TE_HD void gemm_store(void* p, int64_t i, DType d, float v) {
 
 TE_HD bool gemm_is_fp8(DType d) { return d == DType::kFloat8E4M3 || d == DType::kFloat8E5M2; }
 TE_HD bool gemm_is_plain(DType d) { return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16; }
+// Bytes per element of a GEMM operand or output: FP8 codes 1, fp32 4, fp16/bf16 2.
+TE_HD int64_t gemm_elt_bytes(DType d) { return gemm_is_fp8(d) ? 1 : (d == DType::kFloat32 ? 4 : 2); }
 
 // What the epilogue of D [n, m] (row-major) reads and writes; pointers on the device that runs it.
 struct GemmEpilogueParams {

@@ -35,31 +35,17 @@ void grouped_wgrad_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf, size
   }
 }
 
-// FP8 block operands decoded exactly as the quantized tensors' dequantize does: fl(code · scale_inv) in FP32.
-// lhs rows [begin, end) of the group → [rows, k]; rhs[e] → [n, k].
+// An FP8 block lhs's rows [begin, end) decoded exactly as dequantize does (fl(code · scale_inv), FP32): its 1x128
+// scales index the whole [m_total, k] tensor's (SPEC §4.8), which a GemmOperand of the group's rows cannot describe.
 void decode_block_lhs(const GroupedGemmArgs& g, int64_t begin, int64_t end, std::vector<float>& out) {
   const bool e4m3 = g.lhs_dtype == DType::kFloat8E4M3;
   const uint8_t* codes = static_cast<const uint8_t*>(g.lhs);
-  const int64_t ld = grouped_lhs_scale_ld(g.m_total);
   out.resize(size_t(end - begin) * size_t(g.k));
   for (int64_t r = begin; r < end; ++r) {
     for (int64_t c = 0; c < g.k; ++c) {
       out[size_t(r - begin) * size_t(g.k) + size_t(c)] =
-          fp8_to_float(codes[r * g.k + c], e4m3) * g.lhs_scale_inv[(c / kGroupedBlock) * ld + r];
-    }
-  }
-}
-
-void decode_block_rhs(const GroupedGemmArgs& g, int64_t e, std::vector<float>& out) {
-  const bool e4m3 = g.rhs_dtype == DType::kFloat8E4M3;
-  const uint8_t* codes = static_cast<const uint8_t*>(g.rhs) + size_t(e) * size_t(g.n) * size_t(g.k);
-  const int64_t ld = grouped_rhs_scale_ld(g.k);
-  const float* s = g.rhs_scale_inv + size_t(e) * size_t(grouped_nb(g.n)) * size_t(ld);
-  out.resize(size_t(g.n) * size_t(g.k));
-  for (int64_t r = 0; r < g.n; ++r) {
-    for (int64_t c = 0; c < g.k; ++c) {
-      out[size_t(r) * size_t(g.k) + size_t(c)] =
-          fp8_to_float(codes[r * g.k + c], e4m3) * s[(r / kGroupedBlock) * ld + c / kGroupedBlock];
+          fp8_to_float(codes[r * g.k + c], e4m3) *
+          g.lhs_scale_inv[gemm_fp8_block_scale_index(true, r, c, g.m_total, g.k)];
     }
   }
 }
@@ -67,15 +53,15 @@ void decode_block_rhs(const GroupedGemmArgs& g, int64_t e, std::vector<float>& o
 }  // namespace
 
 void grouped_gemm_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf) {
-  const size_t d_elt = g.d_dtype == DType::kFloat32 ? 4 : 2;
-  const size_t lhs_elt = gemm_is_fp8(g.lhs_dtype) ? 1 : (g.lhs_dtype == DType::kFloat32 ? 4 : 2);
-  const size_t rhs_elt = gemm_is_fp8(g.rhs_dtype) ? 1 : (g.rhs_dtype == DType::kFloat32 ? 4 : 2);
+  const size_t d_elt = size_t(gemm_elt_bytes(g.d_dtype));
+  const size_t lhs_elt = size_t(gemm_elt_bytes(g.lhs_dtype));
+  const size_t rhs_elt = size_t(gemm_elt_bytes(g.rhs_dtype));
   const bool fp8 = gemm_is_fp8(g.lhs_dtype);
   if (g.wgrad) {
     grouped_wgrad_cpu(g, pf, lhs_elt, d_elt);
     return;
   }
-  std::vector<float> lhs_values, rhs_values;  // FP8 block operands, decoded per group
+  std::vector<float> lhs_values;  // an FP8 block lhs, decoded per group
   int64_t row = 0;
   for (int64_t e = 0; e < g.groups; ++e) {
     const int64_t begin = std::min(row, g.m_total);
@@ -93,12 +79,12 @@ void grouped_gemm_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf) {
     a.a.cols = g.rhs_kn ? g.n : g.k;
     a.a.dtype = g.rhs_dtype;
     a.a.trans = !g.rhs_kn;
-    if (g.block_scaling) {  // the exact decode, then the FP32 operands' GEMM (FP64 accumulation, one rounding)
+    if (g.block_scaling) {  // exact decodes (the lhs here, rhs[e]'s 128x128 tiles in gemm_cpu), FP64 accumulation
       decode_block_lhs(g, begin, end, lhs_values);
-      decode_block_rhs(g, e, rhs_values);
       a.b.data = lhs_values.data();
-      a.a.data = rhs_values.data();
-      a.b.dtype = a.a.dtype = DType::kFloat32;
+      a.b.dtype = DType::kFloat32;
+      a.a.scaling = GemmScaling::kFp8Block2d;
+      a.a.scale_inv = g.rhs_scale_inv + size_t(e) * size_t(grouped_nb(g.n)) * size_t(grouped_rhs_scale_ld(g.k));
     } else if (fp8) {
       a.b.scaling = a.a.scaling = GemmScaling::kFp8PerTensor;
       a.b.scale_inv = g.lhs_scale_inv;

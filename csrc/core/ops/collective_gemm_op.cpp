@@ -17,7 +17,6 @@ namespace {
 // Each gathered chunk's scale_inv sits in a 16-byte slot: cuBLASLt wants its scale pointers 16-byte aligned.
 constexpr int64_t kScaleSlot = 16;
 
-int64_t elt_bytes(DType d) { return gemm_is_fp8(d) ? 1 : (d == DType::kFloat32 ? 4 : 2); }
 int64_t align_up(int64_t v) { return (v + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
 [[noreturn]] void fail_request(const CollectiveGemmRequest& r, ErrorKind k, const std::string& what) {
@@ -105,7 +104,7 @@ CollectiveGemmPlan plan_collective_gemm(const CollectiveGemmRequest& r, const Ex
   if (ag) {
     p.d_shape = Shape::of(int64_t(r.tp) * p.m, p.n);
     p.gathered_shape = Shape::of(int64_t(r.tp) * p.m, p.k);
-    p.chunk_bytes = p.m * p.k * elt_bytes(x_vals);
+    p.chunk_bytes = p.m * p.k * gemm_elt_bytes(x_vals);
     p.gathered_offset = take(p.chunk_bytes * r.tp);
     if (gemm_is_fp8(x_vals)) p.scales_offset = take(kScaleSlot * r.tp);
   } else {
@@ -195,7 +194,7 @@ struct Runner {
       const int c = comm::ag_chunk(r, tp, step);
       const void* x = step == 0 ? io.x : chunk(c);
       const float* xs = fp8 ? (step == 0 ? io.x_scale_inv : scale(c)) : nullptr;
-      gemm(x, xs, static_cast<char*>(io.d) + int64_t(c) * p.m * p.n * elt_bytes(p.d_dtype));
+      gemm(x, xs, static_cast<char*>(io.d) + int64_t(c) * p.m * p.n * gemm_elt_bytes(p.d_dtype));
     };
     if (!p.req.overlap) {  // the baseline: every exchange done, then the chunk GEMMs
       for (int step = 0; step + 1 < tp; ++step) {
@@ -224,7 +223,7 @@ struct Runner {
     float* part = reinterpret_cast<float*>(ws + p.partial_offset);
     float* send = reinterpret_cast<float*>(ws + p.send_offset);
     float* recv = reinterpret_cast<float*>(ws + p.recv_offset);
-    const int64_t x_row_bytes = p.k * elt_bytes(DType(p.req.x.dtype_code));
+    const int64_t x_row_bytes = p.k * gemm_elt_bytes(DType(p.req.x.dtype_code));
     const auto x_chunk = [&](int c) { return static_cast<const char*>(io.x) + int64_t(c) * p.m * x_row_bytes; };
     const auto exchange = [&](int step) {
       comm::Segment s;

@@ -13,7 +13,6 @@ namespace {
 
 bool is_fp8(DType d) { return gemm_is_fp8(d); }
 bool is_plain(DType d) { return gemm_is_plain(d); }
-int64_t elt_bytes(DType d) { return is_fp8(d) ? 1 : (d == DType::kFloat32 ? 4 : 2); }
 
 struct Checker {
   const GroupedGemmRequest& r;
@@ -152,9 +151,9 @@ GroupedGemmPlan plan_grouped_gemm(const GroupedGemmRequest& r, const ExecCtx& ct
   if (!is_plain(dd)) c.fail_(ErrorKind::kType, msg("the output must be bf16, fp16 or fp32, got ", dtype_short_name(dd)));
   a.d_dtype = dd;
   // Alignment (SPEC §6.5) on CUDA: every group's rows start 16-B aligned in lhs and out, as TMA needs.
-  if (ctx.cuda && ((a.k * elt_bytes(ld)) % 16 != 0 || (a.n * elt_bytes(dd)) % 16 != 0 ||
-                   (a.wgrad && (a.n * elt_bytes(ld)) % 16 != 0))) {
-    c.fail_(ErrorKind::kValue, msg("on CUDA, k·", str(elt_bytes(ld)), " B and n·", str(elt_bytes(dd)),
+  if (ctx.cuda && ((a.k * gemm_elt_bytes(ld)) % 16 != 0 || (a.n * gemm_elt_bytes(dd)) % 16 != 0 ||
+                   (a.wgrad && (a.n * gemm_elt_bytes(ld)) % 16 != 0))) {
+    c.fail_(ErrorKind::kValue, msg("on CUDA, k·", str(gemm_elt_bytes(ld)), " B and n·", str(gemm_elt_bytes(dd)),
                                    " B must be multiples of 16 B (k = ", str(a.k), ", n = ", str(a.n),
                                    "): each group's rows must start 16-byte aligned"));
   }
