@@ -10,6 +10,10 @@ third_party/cutlass_include (`make install` fetches it: tools/fetch_cutlass.sh).
 list becomes 9.0a. Without the headers (or with TE_NO_CUTLASS=1: CI, which has no GPU, skips these slow-to-compile
 units) the grouped GEMM runs its portable CUDA kernel instead (slow, same rules).
 
+The collective GEMM's NCCL transport for JAX (csrc/core/comm/nccl_comm.cpp) needs only nccl.h at build time (the
+toolkit's or the nvidia-nccl wheel's): NCCL is opened at run time, so nothing links it and a process without it
+imports and runs everything else. Without the header the JAX FFI form of the collective GEMM is left out.
+
 The kernel core (csrc/core) is compiled once: _C links it with the torch bridge (csrc/torch), _ffi links the same
 objects with the XLA FFI handlers (csrc/jax; headers from the installed jaxlib's jax.ffi.include_dir(), pybind11
 for the module) and links no torch library. TE_NO_JAX=1 skips _ffi.
@@ -51,8 +55,24 @@ def cutlass_include():
             return d
     return None
 
+def nccl_include():
+    """The directory holding nccl.h (the CUDA toolkit's, or the nvidia-nccl wheel's that torch brings), or None: the
+    collective GEMM's NCCL transport (csrc/core/comm/nccl_comm.cpp) opens NCCL at run time and needs only the header."""
+    dirs = [os.path.join(cpp_extension.CUDA_HOME or "", "include"), "/usr/local/include", "/usr/include"]
+    try:
+        import nvidia.nccl
+
+        dirs = [os.path.join(p, "include") for p in nvidia.nccl.__path__] + dirs
+    except ImportError:
+        pass
+    return next((d for d in dirs if os.path.isfile(os.path.join(d, "nccl.h"))), None)
+
+
 if with_cuda():
     cutlass = cutlass_include()
+    nccl = nccl_include()
+    if nccl is not None:
+        cxx_flags += ["-DTE_WITH_NCCL", "-isystem", nccl]
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0").replace(";", " ").split()
     if cutlass is not None:
         archs = ["9.0a" if a == "9.0" else a for a in archs]  # wgmma: the Hopper-specific target

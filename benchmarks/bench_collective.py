@@ -16,8 +16,13 @@ w [hidden, ffn/tp] → [tokens/tp, hidden]); bf16 and FP8 current scaling (quant
 Validation: ours equals the non-overlapped run bit for bit, and the all-gather's output is within the bf16 (FP8:
 E4M3) tolerance of one GEMM of the whole x. Target (issue 22): loopback AG+GEMM <= 1.1x the GEMM alone.
 
+The JAX mode (--jax) runs in one process driving every visible GPU: the FFI form over NCCL (transformer_engine_jax.
+collective_nccl) vs the same exchanges non-overlapped vs the pure-JAX ppermute ring in shard_map vs XLA's own sharded
+einsum (its all-gather / reduce-scatter, then the GEMM) vs the GEMM alone.
+
 Usage: python benchmarks/bench_collective.py [--quick] [--only SUBSTR] [--out-dir DIR]
-       torchrun --nproc-per-node=N benchmarks/bench_collective.py [--quick] [--out-dir DIR]
+       torchrun --nproc-per-node=N benchmarks/bench_collective.py [--quick] [--sm-margins 0,8,16,32] [--out-dir DIR]
+       python benchmarks/bench_collective.py --jax [--quick] [--out-dir DIR]
 """
 import argparse
 import os
@@ -133,7 +138,7 @@ def fixed_us(fn, iters=10, warmup=3):
     return float(t.item())
 
 
-def nccl_case(tex, kind, shape, fmt, tp, rank, group):
+def nccl_case(tex, kind, shape, fmt, tp, rank, group, margins=()):
     import torch.distributed as dist
 
     tokens, hidden, ffn = shape
@@ -147,8 +152,8 @@ def nccl_case(tex, kind, shape, fmt, tp, rank, group):
         if fmt == "fp8":  # each rank quantizes its own shard
             q = tex.Float8CurrentScalingQuantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=False)
             xs = tex.quantize(x.dequantize(torch.bfloat16)[rank * m:(rank + 1) * m].contiguous(), q)
-        ours = lambda: tex.all_gather_gemm(xs, w, group)  # noqa: E731
-        base = lambda: tex.all_gather_gemm(xs, w, group, comm_overlap=False)  # noqa: E731
+        ours = lambda mg=None: tex.all_gather_gemm(xs, w, group, sm_margin=mg)  # noqa: E731
+        base = lambda: tex.all_gather_gemm(xs, w, group, comm_overlap=False, sm_margin=0)  # noqa: E731
         alone = lambda: tex.general_gemm(w, x, out_dtype=torch.bfloat16, layout="TN",  # noqa: E731
                                          use_split_accumulator=True)[0]
         src = xs._data if fmt == "fp8" else xs
@@ -164,8 +169,8 @@ def nccl_case(tex, kind, shape, fmt, tp, rank, group):
             except Exception as e:  # noqa: BLE001
                 row["note"] += f"torch fused op unavailable ({type(e).__name__}); "
     else:
-        ours = lambda: tex.gemm_reduce_scatter(x, w, group)  # noqa: E731
-        base = lambda: tex.gemm_reduce_scatter(x, w, group, comm_overlap=False)  # noqa: E731
+        ours = lambda mg=None: tex.gemm_reduce_scatter(x, w, group, sm_margin=mg)  # noqa: E731
+        base = lambda: tex.gemm_reduce_scatter(x, w, group, comm_overlap=False, sm_margin=0)  # noqa: E731
         alone = lambda: tex.general_gemm(w, x, out_dtype=torch.bfloat16, layout="TN",  # noqa: E731
                                          use_split_accumulator=True)[0]
         part = torch.empty(tokens, hidden, dtype=torch.float32, device="cuda")
@@ -181,12 +186,15 @@ def nccl_case(tex, kind, shape, fmt, tp, rank, group):
             except Exception as e:  # noqa: BLE001
                 row["note"] += f"torch fused op unavailable ({type(e).__name__}); "
     try:
-        a, b = ours(), base()
+        a, b = ours(0), base()
         if not torch.equal(a, b):
             raise ValueError("overlapped != non-overlapped")
     except Exception as e:  # noqa: BLE001
         row["note"] += f"{type(e).__name__}: {e}"
         return row
+    # The SMs the chunk GEMMs leave to NCCL (ours = the core's default; the sweep shows the choice).
+    for mg in margins:
+        row[f"ours_us_margin{mg}"] = fixed_us(lambda: ours(mg))
     row["valid"] = True
     for key, fn in (("ours", ours), ("base", base), ("gemm", alone), ("comm", comm), ("fused", fused)):
         if fn is None:
@@ -204,6 +212,7 @@ def nccl_case(tex, kind, shape, fmt, tp, rank, group):
 
 
 def main_nccl(args):
+    margins = [int(v) for v in args.sm_margins.split(",") if v] if args.sm_margins else []
     import torch.distributed as dist
 
     rank, tp = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -218,7 +227,7 @@ def main_nccl(args):
     for shape in SHAPES[:1] if args.quick else SHAPES:
         for kind in ("AG", "RS"):
             for fmt in ("bf16", "fp8"):
-                report.rows.append(nccl_case(tex, kind, shape, fmt, tp, rank, dist.group.WORLD))
+                report.rows.append(nccl_case(tex, kind, shape, fmt, tp, rank, dist.group.WORLD, margins))
                 if rank == 0:
                     H.log(f"{report.rows[-1]['case']}: {report.rows[-1]}")
     if rank == 0:
@@ -226,7 +235,8 @@ def main_nccl(args):
                     "same chunk GEMMs; GEMM alone = the rank's whole GEMM; comm alone = NCCL all_gather_into_tensor / "
                     "reduce_scatter_tensor (FP32) of the same bytes; torch fused = symm_mem fused_all_gather_matmul "
                     "/ fused_matmul_reduce_scatter)")
-        report.table(COLUMNS + [("torch fused us", "fused_us", "{:.1f}"), ("torch fused / ours", "ours_over_fused",
+        report.table(COLUMNS + [(f"ours sm_margin={mg} us", f"ours_us_margin{mg}", "{:.1f}") for mg in margins] +
+                     [("torch fused us", "fused_us", "{:.1f}"), ("torch fused / ours", "ours_over_fused",
                                                                           "{:.3f}"), ("note", "note", "{}")])
         for r in report.rows:
             if r["valid"]:
@@ -244,12 +254,149 @@ def main_nccl(args):
     return 0
 
 
+# ---- JAX: one process driving every GPU ------------------------------------------------------------------------
+def _jax_us(fn, *args, iters=10, warmup=3):
+    """Median wall time of one call (each synchronised), in us."""
+    for _ in range(warmup):
+        fn(*args).block_until_ready()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn(*args).block_until_ready()
+        times.append(1e6 * (time.perf_counter() - t))
+    return sorted(times)[len(times) // 2]
+
+
+def jax_case(kind, shape, fmt, tp):
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    import transformer_engine_jax as tej
+    from transformer_engine_jax import collective as C, collective_nccl as N
+
+    tokens, hidden, ffn = shape
+    name = f"{kind} {fmt} tp={tp} {tokens}x{hidden}x{ffn}"
+    row = {"case": name, "kind": kind, "format": fmt, "tp": tp, "valid": False, "note": ""}
+    mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
+    key = jax.random.PRNGKey(tp)
+    q = (lambda: tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.CURRENT_TENSOR_SCALING,
+                                             q_dtype=jnp.float8_e4m3fn, q_layout=tej.QuantizeLayout.ROWWISE)) \
+        if fmt == "fp8" else (lambda: None)
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))  # noqa: E731
+    if kind == "AG":  # fc1: x [tokens, hidden] sequence-sharded, w [ffn, hidden] sharded along ffn
+        x = put(jax.random.uniform(key, (tokens, hidden), jnp.bfloat16, -1, 1), P("tp", None))
+        w = put(jax.random.uniform(key, (ffn, hidden), jnp.bfloat16, -1, 1) * hidden ** -0.5, P("tp", None))
+        ours = jax.jit(lambda x, w: N.all_gather_gemm(x, w, mesh, "tp", x_quantizer=q(), w_quantizer=q()))
+        base = jax.jit(lambda x, w: N.all_gather_gemm(x, w, mesh, "tp", x_quantizer=q(), w_quantizer=q(),
+                                                      comm_overlap=False, sm_margin=0))
+        ring = jax.jit(lambda x, w: C.all_gather_gemm_sharded(x, w, mesh, "tp", x_quantizer=q(), w_quantizer=q()))
+        xla = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.bfloat16),
+                      out_shardings=NamedSharding(mesh, P(None, "tp")))
+        gather = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, P(None, None)))
+        local_x = jax.device_put(jnp.zeros((tokens, hidden), jnp.bfloat16), jax.devices()[0])
+        local_w = jax.device_put(jnp.zeros((ffn // tp, hidden), jnp.bfloat16), jax.devices()[0])
+        comm_args = (x,)
+    else:  # fc2: x [tokens, ffn] and w [hidden, ffn] sharded along ffn -> y sequence-sharded
+        x = put(jax.random.uniform(key, (tokens, ffn), jnp.bfloat16, -1, 1), P(None, "tp"))
+        w = put(jax.random.uniform(key, (hidden, ffn), jnp.bfloat16, -1, 1) * ffn ** -0.5, P(None, "tp"))
+        ours = jax.jit(lambda x, w: N.gemm_reduce_scatter(x, w, mesh, "tp", x_quantizer=q(), w_quantizer=q()))
+        base = jax.jit(lambda x, w: N.gemm_reduce_scatter(x, w, mesh, "tp", x_quantizer=q(), w_quantizer=q(),
+                                                          comm_overlap=False, sm_margin=0))
+        ring = jax.jit(lambda x, w: C.gemm_reduce_scatter_sharded(x, w, mesh, "tp")) if fmt == "bf16" else None
+        xla = jax.jit(lambda x, w: jnp.einsum("mk,nk->mn", x, w, preferred_element_type=jnp.bfloat16),
+                      out_shardings=NamedSharding(mesh, P("tp", None)))
+        gather = None  # XLA's reduce-scatter alone is part of the XLA row
+        local_x = jax.device_put(jnp.zeros((tokens, ffn // tp), jnp.bfloat16), jax.devices()[0])
+        local_w = jax.device_put(jnp.zeros((hidden, ffn // tp), jnp.bfloat16), jax.devices()[0])
+        comm_args = None
+    try:
+        a, b = np.asarray(ours(x, w).astype(jnp.float32)), np.asarray(base(x, w).astype(jnp.float32))
+        if not np.array_equal(a, b):
+            raise ValueError("overlapped != non-overlapped")
+    except Exception as e:  # noqa: BLE001
+        row["note"] = f"{type(e).__name__}: {str(e)[:300]}"
+        H.log(f"FAIL  {name}: {row['note']}")
+        return row
+    row["valid"] = True
+    row["ours_us"] = _jax_us(ours, x, w)
+    row["base_us"] = _jax_us(base, x, w)
+    if ring is not None:
+        row["ring_us"] = _jax_us(ring, x, w)
+    if fmt == "bf16":
+        row["xla_us"] = _jax_us(xla, x, w)
+    gemm1 = jax.jit(lambda x, w: tej.gemm(x, w, ((1,), (1,))))
+    row["gemm_us"] = _jax_us(gemm1, local_x, local_w)
+    if gather is not None:
+        row["comm_us"] = _jax_us(gather, *comm_args)
+    row["speedup_vs_base"] = row["base_us"] / row["ours_us"]
+    row["ours_over_gemm"] = row["ours_us"] / row["gemm_us"]
+    if "ring_us" in row:
+        row["ring_over_ours"] = row["ring_us"] / row["ours_us"]
+    if "xla_us" in row:
+        row["xla_over_ours"] = row["xla_us"] / row["ours_us"]
+    if "comm_us" in row:
+        row["overlap_eff"] = max(0.0, min(1.0, (row["base_us"] - row["ours_us"]) / row["comm_us"]))
+    H.log(f"ok    {name}: {row}")
+    return row
+
+
+JAX_COLUMNS = [("case", "case", "{}"), ("ours (FFI + NCCL) us", "ours_us", "{:.1f}"),
+               ("non-overlapped us", "base_us", "{:.1f}"), ("ppermute ring us", "ring_us", "{:.1f}"),
+               ("XLA sharded einsum us", "xla_us", "{:.1f}"), ("GEMM alone us", "gemm_us", "{:.1f}"),
+               ("non-overlapped / ours", "speedup_vs_base", "{:.3f}"), ("ring / ours", "ring_over_ours", "{:.3f}"),
+               ("XLA / ours", "xla_over_ours", "{:.3f}"), ("ours / GEMM", "ours_over_gemm", "{:.3f}"),
+               ("overlap eff.", "overlap_eff", "{:.2f}"), ("note", "note", "{}")]
+
+
+def main_jax(args):
+    import jax
+
+    n = len(jax.devices())
+    tps = [t for t in TPS if t <= n]
+    if not tps or jax.devices()[0].platform != "gpu":
+        print(f"bench_collective.py --jax: needs 2 or more GPUs, found {n} {jax.devices()[0].platform} devices",
+              file=sys.stderr)
+        return 2
+    t0 = time.time()
+    report = H.Report("collective_jax", {"device": f"{n} x {jax.devices()[0].device_kind}",
+                                         "mode": "JAX, one process driving every GPU, NCCL through the FFI",
+                                         "timing": "median of 10 synchronised calls (wall clock)"})
+    report.emit(f"{report.meta['device']}, jax {jax.__version__}")
+    for shape in SHAPES[:1] if args.quick else SHAPES:
+        for kind in ("AG", "RS"):
+            for fmt in ("bf16", "fp8"):
+                for tp in tps:
+                    report.rows.append(jax_case(kind, shape, fmt, tp))
+    report.emit("\nCollective GEMM in JAX (ours = te_collective_gemm: the core's ring over NCCL; non-overlapped = "
+                "the same exchanges, then the same GEMMs; ppermute ring = transformer_engine_jax.collective in "
+                "shard_map; XLA = a sharded einsum, XLA's own all-gather / reduce-scatter; comm alone (AG) = XLA's "
+                "all-gather of x)")
+    report.table(JAX_COLUMNS)
+    for r in report.rows:
+        if r["valid"]:
+            report.at_least(f"{r['case']}: non-overlapped / ours", r.get("speedup_vs_base"), 1.15, "{:.3f}x",
+                            ">= 1.15x")
+            if r.get("ring_over_ours") is not None:
+                report.at_least(f"{r['case']}: ppermute ring / ours", r["ring_over_ours"], 1.0, "{:.3f}x", ">= 1x")
+    report.print_targets("Targets (issues 22/23, JAX):")
+    report.summary("cases", time.time() - t0)
+    report.save(H.out_dir_of(args, partial=bool(args.only)), json_path=args.json)
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="the large shape and tp = 4 only")
     p.add_argument("--only", action="append", default=[], metavar="SUBSTR", help="cases whose name holds SUBSTR")
+    p.add_argument("--sm-margins", default="", metavar="LIST",
+                   help="NCCL mode: also time ours with these SM margins, e.g. 0,8,16,32")
     H.add_output_args(p)
+    p.add_argument("--jax", action="store_true", help="the JAX mode: one process driving every visible GPU")
     args = p.parse_args()
+    if args.jax:
+        return main_jax(args)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         return main_nccl(args)
     device, tex = H.start(args, "bench_collective.py")

@@ -6,6 +6,9 @@
 #   sanitize  the same tests under compute-sanitizer memcheck
 #   test      every test marked `cuda`, in parallel workers with few CPU threads each
 #   bench     bench_activations (all three benchmarks with plots: tools/gpu_bench.sh)
+#   multigpu  every test marked `multigpu` (NCCL: torch process groups, JAX one process / one process per GPU)
+#   collective  bench_collective on every visible GPU: torchrun at tp = 2 and tp = all, then the JAX mode
+# NVLink multicast stays off in every process (the device tool's rule).
 # Each step has a time limit (seconds): STEP_LIMIT=... (default 500), so a stuck step still leaves its log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +52,20 @@ for step in $steps; do
     bench)
       timeout "$limit" python3 benchmarks/bench_activations.py --csv "$OUT/bench.csv" --json "$OUT/bench.json" \
         >"$OUT/bench.log" 2>&1 || rc=1 ;;
+    multigpu)
+      NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 timeout "$limit" \
+        python3 -m pytest tests -m multigpu -q -p no:cacheprovider -rfEs --timeout 600 -p no:xdist \
+        >"$OUT/multigpu.log" 2>&1 || rc=1
+      tail -1 "$OUT/multigpu.log" | sed 's/^/multigpu: /' >>"$OUT/summary.txt" ;;
+    collective)
+      n=$(nvidia-smi -L | grep -c '^GPU ')
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      for t in $(printf '%s\n' 2 "$n" | sort -un); do
+        timeout "$limit" torchrun --nproc-per-node="$t" benchmarks/bench_collective.py ${BENCH_ARGS:-} \
+          --out-dir "$OUT/collective_tp$t" >"$OUT/collective_tp$t.log" 2>&1 || rc=1
+      done
+      timeout "$limit" python3 benchmarks/bench_collective.py --jax ${BENCH_ARGS:-} --out-dir "$OUT/collective_jax" \
+        >"$OUT/collective_jax.log" 2>&1 || rc=1 ;;
     *) note "unknown step $step"; rc=1; continue ;;
   esac
   note "$(printf '%-9s %6.1f s' "$step" "$(python3 -c "print($(date +%s.%N) - $t0)")")"

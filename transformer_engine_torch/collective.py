@@ -8,7 +8,9 @@ over torch.distributed's process group (gloo on the CPU, NCCL on GPUs: the group
 weight gradient: no second all-gather). `gemm_reduce_scatter(x, w_shard, group)`: x [M, K_local], w_shard [N,
 K_local] (the rank's K shards) → y [M/tp, N], rank r's rows of Σ_ranks x·w_shardᵀ, the FP32 partial sums added in
 ring order (chunk c: ranks c + 1, c + 2, …, c) and rounded once. `comm_overlap=False` runs the same exchanges to
-completion first, then the same GEMMs: the non-overlapped baseline, the same bytes.
+completion first, then the same GEMMs: the non-overlapped baseline, the same bytes. `sm_margin`: the SMs the chunk
+GEMMs leave to the exchanges' kernels (None: the core's default for the transport — NCCL's send/receive kernels need
+SMs of their own, or they wait for a GEMM that fills the GPU to drain; gloo and the copy engine need none).
 
 FP8 (per tensor): x as a Float8Tensor (or a plain x and `quantizer`), w as a Float8Tensor; the codes travel as FP8
 with their scale_inv, each chunk multiplied with its own rank's scale. Autograd: for plain x and w, the backward is the
@@ -67,19 +69,29 @@ def _group_name(group):
     return group.group_name
 
 
-def _ag(x_shard, w, group, quantizer, out_dtype, return_gathered, comm_overlap, use_split_accumulator):
+def _margin(sm_margin) -> int:
+    """The op's sm_margin: None -> -1, the core's default for the transport (NCCL: SMs left to its kernels)."""
+    if sm_margin is None:
+        return -1
+    if int(sm_margin) < 0:
+        raise ValueError(f"collective GEMM: sm_margin must be >= 0 (None: the core's default), got {sm_margin}")
+    return int(sm_margin)
+
+
+def _ag(x_shard, w, group, quantizer, out_dtype, return_gathered, comm_overlap, use_split_accumulator,
+        sm_margin=None):
     op = "all_gather_gemm"
     xd, xs, xc, wd, ws, wc, oc = _prepare(op, x_shard, w, quantizer, out_dtype)
     y, g, gs = call(_OP, (xd, xs, xc, wd, ws, wc, _AG, _group_name(group), oc, bool(comm_overlap),
-                          bool(use_split_accumulator), bool(return_gathered)))
+                          bool(use_split_accumulator), bool(return_gathered), _margin(sm_margin)))
     return y, (g if xs is None else (g, gs))
 
 
-def _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator):
+def _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator, sm_margin=None):
     op = "gemm_reduce_scatter"
     xd, xs, xc, wd, ws, wc, oc = _prepare(op, x, w_shard, quantizer, out_dtype)
     return call(_OP, (xd, xs, xc, wd, ws, wc, _RS, _group_name(group), oc, bool(comm_overlap),
-                      bool(use_split_accumulator), False))[0]
+                      bool(use_split_accumulator), False, _margin(sm_margin)))[0]
 
 
 def _wgrad(dy, x):
@@ -140,7 +152,7 @@ def _differentiable(*ts):
 
 
 def all_gather_gemm(x_shard, w, group=None, *, quantizer=None, out_dtype=None, return_gathered=False,
-                    comm_overlap=True, use_split_accumulator=True):
+                    comm_overlap=True, use_split_accumulator=True, sm_margin=None):
     """y [tp·m, N_local] = all_gather(x_shard [m, K]) · w [N_local, K]ᵀ over `group` (default: the world), the
     exchanges overlapped with the chunk GEMMs; with `return_gathered=True` also the gathered x [tp·m, K] (FP8: a
     (codes, scale_inv [tp]) pair, one scale per rank's chunk). Differentiable in x_shard and w (plain tensors):
@@ -150,18 +162,19 @@ def all_gather_gemm(x_shard, w, group=None, *, quantizer=None, out_dtype=None, r
             raise ValueError("all_gather_gemm: return_gathered is for calls without autograd (the autograd form "
                              "keeps the gathered x itself)")
         return _AllGatherGemm.apply(x_shard, w, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
-    y, gathered = _ag(x_shard, w, group, quantizer, out_dtype, return_gathered, comm_overlap, use_split_accumulator)
+    y, gathered = _ag(x_shard, w, group, quantizer, out_dtype, return_gathered, comm_overlap, use_split_accumulator,
+                      sm_margin)
     return (y, gathered) if return_gathered else y
 
 
 def gemm_reduce_scatter(x, w_shard, group=None, *, quantizer=None, out_dtype=None, comm_overlap=True,
-                        use_split_accumulator=True):
+                        use_split_accumulator=True, sm_margin=None):
     """y [M/tp, N]: this rank's rows of Σ_ranks x [M, K_local] · w_shard [N, K_local]ᵀ over `group`, the partial
     products of the other chunks computed while the running sums travel the ring. Differentiable in x and w_shard
     (plain tensors): dx from the all-gather ring over dy, dw_shard from the dy it gathers."""
     if _differentiable(x, w_shard):
         return _GemmReduceScatter.apply(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
-    return _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
+    return _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator, sm_margin)
 
 
 def all_gather_gemm_loopback(x, w, rank, tp, *, quantizer=None, out_dtype=None, comm_overlap=True,

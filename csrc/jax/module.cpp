@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "../core/comm/nccl_comm.h"
+#include "collective.h"
 #include "gemm.h"
 #include "grouped_gemm.h"
 #include "quantizer_attrs.h"
@@ -23,6 +25,9 @@ TE_JAX_DECLARE(TeDactLuDbiasQuantize)
 TE_JAX_DECLARE(TeQuantize)
 TE_JAX_DECLARE(TeGemm)
 TE_JAX_DECLARE(TeGroupedGemm)
+#if defined(TE_WITH_CUDA)
+TE_JAX_DECLARE_CUDA(TeCollectiveGemm)  // CUDA only: the CPU runs the ring as ppermutes
+#endif
 
 namespace py = pybind11;
 
@@ -58,6 +63,7 @@ py::dict cuda_targets() {
   d["te_quantize"] = stages(TeQuantizeCuda, TeQuantizeCudaInit);
   d["te_gemm"] = stages(TeGemmCuda, TeGemmCudaInit);
   d["te_grouped_gemm"] = stages(TeGroupedGemmCuda, TeGroupedGemmCudaInit);
+  d["te_collective_gemm"] = stages(TeCollectiveGemmCuda, TeCollectiveGemmCudaInit);
 #endif
   return d;
 }
@@ -149,6 +155,40 @@ py::dict plan_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& 
   return d;
 }
 
+// The plan of one te_collective_gemm call (collective.h) for rank 0 (every rank's shapes are the same):
+// {"out": (shape, dtype code), "gathered": shape (empty unless keep_gathered), "workspace_bytes": n}. `inputs`: (shape,
+// dtype code) of x, x_scale_inv, w, w_scale_inv.
+py::dict plan_collective_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& inputs, int64_t kind,
+                              int64_t tp, int64_t out_dtype, bool use_split_accumulator, int64_t sm_margin,
+                              bool keep_gathered, bool cuda) {
+  const std::vector<te::ops::TensorView> v = plan_views(
+      inputs, 4, kCollectiveGemmOp, "plan_collective_gemm takes 4 inputs (x, x_scale_inv, w, w_scale_inv)");
+  CollectiveAttrs at;
+  at.kind = kind;
+  at.tp = tp;
+  at.use_split_accumulator = use_split_accumulator;
+  at.sm_margin = sm_margin;
+  at.keep_gathered = keep_gathered;
+  const te::ops::CollectiveGemmRequest r = collective_request({v[0], v[1], v[2], v[3]}, at, 0, te::DType(out_dtype));
+  const te::ops::CollectiveGemmPlan plan = te::ops::plan_collective_gemm(r, plan_ctx(cuda));
+  const auto dims = [](const te::ops::Shape& s) { return std::vector<int64_t>(s.dims, s.dims + s.ndim); };
+  py::dict d;
+  d["out"] = py::make_tuple(dims(plan.d_shape), int(plan.d_dtype));
+  d["gathered"] = keep_gathered && kind == int64_t(te::ops::CollectiveKind::kAllGather) ? dims(plan.gathered_shape)
+                                                                                      : std::vector<int64_t>{0};
+  d["workspace_bytes"] = collective_workspace_bytes(plan);
+  return d;
+}
+
+// The NCCL registry (csrc/core/comm/nccl_comm.h) for transformer_engine_jax/collective.py: members are (device, rank).
+void nccl_create(int64_t key, const py::bytes& unique_id, int size, const std::vector<std::pair<int, int>>& members) {
+  std::vector<te::comm::NcclMember> m;
+  for (const auto& [device, rank] : members) m.push_back({device, rank});
+  const std::string id = unique_id;
+  py::gil_scoped_release release;  // blocks until every process of the ring has joined
+  te::comm::nccl_create(key, id, size, m);
+}
+
 // The plan of one te_grouped_gemm call (grouped_gemm.h): {"out": (shape, dtype code), "workspace_bytes": n,
 // "kernel": what runs it}. `inputs`: (shape, dtype code) of lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv.
 py::dict plan_grouped_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& inputs, bool rhs_kn,
@@ -221,6 +261,17 @@ PYBIND11_MODULE(_ffi, m) {
         py::arg("cuda"), py::arg("use_split_accumulator") = true, py::arg("wgrad") = false);
   m.def("plan_act", &te_jax::plan_act, py::arg("op"), py::arg("act"), py::arg("backward"), py::arg("with_dbias"),
         py::arg("x_shape"), py::arg("x_dtype"), py::arg("grad_shape"), py::arg("quantizer"), py::arg("cuda"));
+  m.def("plan_collective_gemm", &te_jax::plan_collective_gemm, py::arg("inputs"), py::arg("kind"), py::arg("tp"),
+        py::arg("out_dtype"), py::arg("use_split_accumulator"), py::arg("sm_margin"), py::arg("keep_gathered"),
+        py::arg("cuda"));
+  m.def("nccl_built", &te::comm::nccl_built);
+  m.def("nccl_load", &te::comm::nccl_load, py::arg("path"));
+  m.def("nccl_loaded", &te::comm::nccl_loaded);
+  m.def("nccl_version", &te::comm::nccl_version);
+  m.def("nccl_unique_id", [] { return py::bytes(te::comm::nccl_unique_id()); });
+  m.def("nccl_create", &te_jax::nccl_create, py::arg("key"), py::arg("unique_id"), py::arg("size"),
+        py::arg("members"));
+  m.def("nccl_has", &te::comm::nccl_has, py::arg("key"), py::arg("device"));
 #if defined(TE_WITH_CUDA)
   m.attr("with_cuda") = true;
 #else

@@ -44,6 +44,7 @@ class C10dTransport : public te::comm::Transport {
     for (auto& w : works_) w->wait();
     works_.clear();
   }
+  int default_sm_margin() const override { return bytes_.device().is_cuda() ? te::comm::kNcclSmMargin : 0; }
 
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
@@ -73,7 +74,7 @@ std::tuple<Tensor, Tensor, Tensor> run(const char* op, const Tensor& x_in, const
                                        int64_t x_dtype, const Tensor& w_in, const c10::optional<Tensor>& w_scale_inv,
                                        int64_t w_dtype, int64_t kind, int64_t rank, int64_t tp, int64_t out_dtype,
                                        bool overlap, bool use_split_accumulator, bool return_gathered,
-                                       MakeTransport make_transport) {
+                                       int64_t sm_margin, MakeTransport make_transport) {
   std::tuple<Tensor, Tensor, Tensor> result;
   with_torch_errors([&] {
     const Tensor x = x_in.contiguous(), w = w_in.contiguous();
@@ -88,10 +89,13 @@ std::tuple<Tensor, Tensor, Tensor> run(const char* op, const Tensor& x_in, const
     r.rank = int(rank);
     r.overlap = overlap;
     r.use_split_accumulator = use_split_accumulator;
+    r.sm_margin = int(sm_margin);
 #if defined(TE_WITH_CUDA)
     const c10::cuda::OptionalCUDAGuard guard(x.is_cuda() ? c10::optional<c10::Device>(x.device()) : c10::nullopt);
 #endif
     const te::ops::ExecCtx ctx = exec_ctx(x);
+    auto transport = make_transport(x, ctx);
+    te::ops::resolve_sm_margin(r, *transport);
     const te::ops::CollectiveGemmPlan plan = te::ops::plan_collective_gemm(r, ctx);
     Tensor d = new_empty_in_guard(c10::IntArrayRef(plan.d_shape.dims, 2),
                                   x.options().dtype(scalar_type_of(plan.d_dtype)));
@@ -119,7 +123,6 @@ std::tuple<Tensor, Tensor, Tensor> run(const char* op, const Tensor& x_in, const
       io.lt_workspace_bytes = int64_t(at::cuda::getCUDABlasLtWorkspaceSize());
     }
 #endif
-    auto transport = make_transport(x, ctx);
     te::ops::run_collective_gemm(plan, io, *transport, ctx);
     transport->wait();  // nothing in flight (the schedule's last exchange was waited on; a no-op then)
     result = {d, gathered.defined() ? gathered : Tensor(), gathered_scale.defined() ? gathered_scale : Tensor()};
@@ -132,12 +135,13 @@ std::tuple<Tensor, Tensor, Tensor> collective_gemm(const Tensor& x, const c10::o
                                                    int64_t x_dtype, const Tensor& w,
                                                    const c10::optional<Tensor>& w_scale_inv, int64_t w_dtype,
                                                    int64_t kind, c10::string_view group_name, int64_t out_dtype,
-                                                   bool overlap, bool use_split_accumulator, bool return_gathered) {
+                                                   bool overlap, bool use_split_accumulator, bool return_gathered,
+                                                   int64_t sm_margin) {
   const char* op = kind == 1 ? "all_gather_gemm" : "gemm_reduce_scatter";
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   with_torch_errors([&] { pg = c10d::resolve_process_group(std::string(group_name)); });
   return run(op, x, x_scale_inv, x_dtype, w, w_scale_inv, w_dtype, kind, pg->getRank(), pg->getSize(), out_dtype,
-             overlap, use_split_accumulator, return_gathered, [&](const Tensor& ref, const te::ops::ExecCtx&) {
+             overlap, use_split_accumulator, return_gathered, sm_margin, [&](const Tensor& ref, const te::ops::ExecCtx&) {
                return std::make_unique<C10dTransport>(pg, ref.options().dtype(at::kByte));
              });
 }
@@ -150,12 +154,12 @@ std::tuple<Tensor, Tensor, Tensor> collective_gemm_loopback(
     const Tensor& x, const c10::optional<Tensor>& x_scale_inv, int64_t x_dtype, const Tensor& w,
     const c10::optional<Tensor>& w_scale_inv, int64_t w_dtype, int64_t kind, int64_t rank, int64_t tp,
     const Tensor& peers, const c10::optional<Tensor>& peers_scale_inv, int64_t out_dtype, bool overlap,
-    bool use_split_accumulator, bool return_gathered) {
+    bool use_split_accumulator, bool return_gathered, int64_t sm_margin) {
   const char* op = kind == 1 ? "all_gather_gemm (loopback)" : "gemm_reduce_scatter (loopback)";
   TORCH_CHECK_VALUE(peers.is_cuda() && peers.is_contiguous() && peers.device() == x.device(), op,
                     ": peers must be a contiguous tensor on ", x.device().str());
   return run(op, x, x_scale_inv, x_dtype, w, w_scale_inv, w_dtype, kind, rank, tp, out_dtype, overlap,
-             use_split_accumulator, return_gathered, [&](const Tensor&, const te::ops::ExecCtx& ctx) {
+             use_split_accumulator, return_gathered, sm_margin, [&](const Tensor&, const te::ops::ExecCtx& ctx) {
                te::comm::LoopbackSource src[2];
                const bool ag = kind == 1;
                src[0].base = peers.data_ptr();

@@ -30,7 +30,14 @@ class Transport {
   // received from rank `from`.
   virtual void start(int step, const Segment* segs, int n, int to, int from) = 0;
   virtual void wait() = 0;
+  // The SMs the chunk GEMMs leave free by default while this transport's exchanges run beside them: NCCL's send and
+  // receive are kernels that need SMs of their own; copy-engine and host transports need none.
+  virtual int default_sm_margin() const { return 0; }
 };
+
+// NCCL's ring send/receive kernels: the SMs a GEMM leaves them (benchmarks/bench_collective.py --sm-margins measures
+// the choice on the GPU machine).
+constexpr int kNcclSmMargin = 16;
 
 // The ring's chunk bookkeeping, shared by the schedule and the loopback transport. All-gather: at step i rank r
 // multiplies chunk (r − i) mod p and exchange i brings it chunk (r − i − 1) mod p from rank r − 1.

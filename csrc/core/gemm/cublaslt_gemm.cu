@@ -234,6 +234,10 @@ void make_desc(Desc& desc, const GemmArgs& g, const Canonical& c) {
     const int8_t fast = (g.fast_accum && g.a.scaling == GemmScaling::kFp8PerTensor) ? 1 : 0;
     set_attr(desc.d, CUBLASLT_MATMUL_DESC_FAST_ACCUM, fast, "FAST_ACCUM", g);
   }
+  if (g.sm_count > 0) {
+    const int32_t sms = g.sm_count;
+    set_attr(desc.d, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, sms, "SM_COUNT_TARGET", g);
+  }
   if (g.alpha_beta != nullptr) {
     const int32_t mode = CUBLASLT_POINTER_MODE_DEVICE;
     set_attr(desc.d, CUBLASLT_MATMUL_DESC_POINTER_MODE, mode, "POINTER_MODE", g);
@@ -327,7 +331,7 @@ void gemm_cublaslt(const GemmArgs& g, cudaStream_t stream) {
                        int64_t(g.fast_accum), int64_t(g.alpha_beta != nullptr), int64_t(g.epilogue),
                        int64_t(g.bias_dtype), has_aux ? int64_t(g.aux_dtype) : -1, int64_t(alignment_of(g.a.data)),
                        int64_t(alignment_of(g.b.data)), int64_t(alignment_of(c_ptr)), int64_t(alignment_of(g.d)),
-                       int64_t(ws_bytes), 0, 0, 0};
+                       int64_t(ws_bytes), int64_t(g.sm_count), 0, 0};
   AlgoCache& cache = algo_cache();
   {
     std::lock_guard<std::mutex> lock(cache.mu);

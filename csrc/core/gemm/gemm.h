@@ -82,6 +82,8 @@ struct GemmArgs {
                                      // scales, computed on the device without a host sync)
   bool fast_accum = false;           // FP8 per-tensor: cuBLASLt's reduced-precision accumulation
   bool allow_tf32 = true;            // FP32 operands: TF32 tensor cores unless matmul precision is "highest"
+  int sm_count = 0;                  // CUDA: the SMs the GEMM may occupy (0: all). A collective GEMM leaves the rest
+                                     // to the communication kernels running beside it (cuBLASLt SM_COUNT_TARGET).
   void* workspace = nullptr;         // [workspace_bytes] device memory, stream-ordered (null: none)
   size_t workspace_bytes = 0;
 };

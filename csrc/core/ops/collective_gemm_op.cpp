@@ -39,7 +39,7 @@ GemmBuffer view(const Shape& s, DType d) {
 
 // The GEMM of one chunk: D [m, n] = x chunk [m, k] · w [n, k]ᵀ, as the GEMM op's D = op(B)·op(A) with A = w
 // (transposed), B = the chunk.
-GemmRequest chunk_request(const CollectiveGemmRequest& r, int64_t m, DType d_dtype) {
+GemmRequest chunk_request(const CollectiveGemmRequest& r, int64_t m, DType d_dtype, int sm_count) {
   GemmRequest g;
   g.op = r.op;
   g.a.data = r.w.data;
@@ -51,6 +51,7 @@ GemmRequest chunk_request(const CollectiveGemmRequest& r, int64_t m, DType d_dty
   g.b.scale_inv = r.x.scale_inv;
   g.d_dtype = int64_t(d_dtype);
   g.use_split_accumulator = r.use_split_accumulator;
+  g.sm_count = sm_count;
   return g;
 }
 
@@ -90,11 +91,29 @@ CollectiveGemmPlan plan_collective_gemm(const CollectiveGemmRequest& r, const Ex
   if (gemm_is_fp8(x_vals) && ag && (!r.x.scale_inv.present || r.x.scale_inv.v.shape.numel() != 1)) {
     fail_request(r, ErrorKind::kValue, "FP8 x travels with its per-tensor scale_inv: give a float32 [1]");
   }
+  // The SMs the chunk GEMMs may take: the device's, less the margin left to the exchanges.
+  int sm_count = 0;
+  if (r.sm_margin < -1) {
+    fail_request(r, ErrorKind::kValue, msg("sm_margin must be >= 0 (or -1: the transport's default), got ",
+                                           str(r.sm_margin)));
+  }
+#if defined(TE_WITH_CUDA)
+  if (ctx.cuda && r.sm_margin > 0) {
+    int dev = ctx.device_index, sms = 0;
+    if (dev < 0 && cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) sms = 132;
+    if (r.sm_margin >= sms) {
+      fail_request(r, ErrorKind::kValue, msg("sm_margin ", str(r.sm_margin), " leaves no SM of the device's ",
+                                             str(sms), " to the GEMMs"));
+    }
+    sm_count = sms - r.sm_margin;
+  }
+#endif
   // The chunk GEMM's plan carries every GEMM rule (formats, FP8 pairing, alignment), named after this op.
   GemmPlanOptions opt;
   opt.plan_outputs = true;
   opt.reserve_fallback = true;
-  p.chunk = plan_gemm(chunk_request(r, p.m, ag ? dd : DType::kFloat32), ctx, opt);
+  p.chunk = plan_gemm(chunk_request(r, p.m, ag ? dd : DType::kFloat32, sm_count), ctx, opt);
   int64_t off = 0;
   const auto take = [&](int64_t bytes) {
     const int64_t at = off;

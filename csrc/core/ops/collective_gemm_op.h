@@ -40,6 +40,10 @@ struct CollectiveGemmRequest {
   int rank = 0;
   bool overlap = true;
   bool use_split_accumulator = true;                  // FP8: promoted accumulation
+  // CUDA: SMs the chunk GEMMs leave free for the exchanges' kernels (NCCL's send/receive run on SMs; a GEMM that
+  // fills every SM delays them until it drains, which serialises what should overlap). 0: the GEMMs take every SM;
+  // -1: the transport's default (Transport::default_sm_margin; resolve_sm_margin below).
+  int sm_margin = -1;
 };
 
 struct CollectiveGemmPlan {
@@ -57,6 +61,11 @@ struct CollectiveGemmPlan {
   int64_t gemm_offset = -1;       // the chunk GEMM's own workspace
   int64_t workspace_bytes = 0;    // including the alignment slack
 };
+
+// The request's sm_margin with -1 replaced by the transport's default (the frontends call it before planning).
+inline void resolve_sm_margin(CollectiveGemmRequest& r, const comm::Transport& t) {
+  if (r.sm_margin < 0) r.sm_margin = t.default_sm_margin();
+}
 
 CollectiveGemmPlan plan_collective_gemm(const CollectiveGemmRequest& r, const ExecCtx& ctx);
 

@@ -347,6 +347,8 @@ GemmPlan plan_gemm(const GemmRequest& r, const ExecCtx& ctx, GemmPlanOptions opt
   }
   g.fast_accum = fp8_a && !r.use_split_accumulator;
   if (g.a.dtype == DType::kFloat32) g.allow_tf32 = r.allow_tf32;
+  if (r.sm_count < 0) fail(ErrorKind::kValue, msg(op, ": sm_count must be >= 0 (0: every SM), got ", str(r.sm_count)));
+  g.sm_count = ctx.cuda ? r.sm_count : 0;
 
   plan_epilogue(c, r, opt, pl);
 

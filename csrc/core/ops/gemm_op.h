@@ -51,6 +51,7 @@ struct GemmRequest {
   double alpha = 1.0, beta = 0.0;
   bool use_split_accumulator = false;           // FP8 per-tensor: fast accumulation = !use_split_accumulator
   bool allow_tf32 = true;                       // FP32 operands: TF32 tensor cores allowed
+  int sm_count = 0;                             // CUDA: SMs the GEMM may occupy (0: all; GemmArgs::sm_count)
   // Planning the outputs (GemmPlanOptions::plan_outputs): whether a bias gradient is wanted, and the dtype of
   // pre_gelu_out (D's dtype when -1).
   bool want_bias_grad = false;

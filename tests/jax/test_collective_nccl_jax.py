@@ -1,0 +1,196 @@
+"""The FFI collective GEMM over NCCL (transformer_engine_jax/collective_nccl.py) on several GPUs, marked `multigpu`:
+one process driving every GPU, and one process per GPU bootstrapped through jax.distributed's key-value store. Each
+run checks, on the gathered results, that the all-gather + GEMM equals its chunk GEMMs done alone on one device bit
+for bit (sm_margin 0: the same GEMM shapes and SMs) and is within bf16 of a float64 product; that the overlapped and
+non-overlapped forms give the same bytes; that the reduce-scatter equals the pure-JAX ppermute ring within FP32
+accumulation and a float64 product within bf16; FP8 current scaling; and the gradients of both against the unsharded
+float64 ones. On a machine with fewer GPUs the tests skip; the CPU checks the refusals."""
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+jax = pytest.importorskip("jax")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+SCRIPT = r"""
+import os, sys
+import numpy as np
+import jax
+tp, procs, pid = int(os.environ["TP"]), int(os.environ["PROCS"]), int(os.environ.get("PID", "0"))
+if procs > 1:
+    jax.distributed.initialize(os.environ["COORD"], num_processes=procs, process_id=pid, local_device_ids=[pid])
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import transformer_engine_jax as tej
+from transformer_engine_jax import collective as C, collective_nccl as N
+
+mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
+rng = np.random.default_rng(0)
+m, K, n = 128, 256, 128            # per rank: x shard [m, K], w shard [n, K]
+M, Nn = m * tp, n * tp
+x = rng.uniform(-2, 2, (M, K)).astype(np.float32)
+w = rng.uniform(-1, 1, (Nn, K)).astype(np.float32)
+bf = lambda a: jnp.asarray(a, jnp.bfloat16)
+put = lambda a, spec: jax.make_array_from_callback(a.shape, NamedSharding(mesh, spec), lambda i: a[i])
+host = lambda a: np.asarray(multihost_utils.process_allgather(a, tiled=True), np.float64)
+local = jax.local_devices()[0]
+one = lambda a: jax.device_put(a, local)
+xb, wb = np.asarray(bf(x)), np.asarray(bf(w))  # the bf16 values, as numpy (ml_dtypes)
+
+def same(a, b, what):
+    assert np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16)), what
+
+# ---- all-gather + GEMM: x sharded along M, w along N -> y [M, N] sharded along N ------------------------------------
+xs, ws = put(xb, P("tp", None)), put(wb, P("tp", None))
+for margin in (0, None):
+    ag = jax.jit(lambda x, w, o: N.all_gather_gemm(x, w, mesh, "tp", comm_overlap=o, sm_margin=margin),
+                 static_argnums=2)
+    y, y_base = ag(xs, ws, True), ag(xs, ws, False)
+    yh, bh = multihost_utils.process_allgather(y, tiled=True), multihost_utils.process_allgather(y_base, tiled=True)
+    same(yh, bh, f"AG overlapped != non-overlapped (sm_margin {margin})")
+    if margin == 0:  # every chunk GEMM alone on one device: [m, K] x [n, K]^T
+        for r in range(tp):
+            for c in range(tp):
+                want = tej.gemm(one(xb[c * m:(c + 1) * m]), one(wb[r * n:(r + 1) * n]), ((1,), (1,)))
+                same(np.asarray(yh)[c * m:(c + 1) * m, r * n:(r + 1) * n], want, f"AG chunk ({c}, {r})")
+    ref = xb.astype(np.float64) @ wb.astype(np.float64).T
+    assert np.abs(np.asarray(yh, np.float64) - ref).max() <= 2 ** -7 * np.abs(ref).max(), "AG far from float64"
+
+# ---- GEMM + reduce-scatter: x and w sharded along K -> y sharded along M ------------------------------------------
+xk, wk = put(xb[:, :K], P(None, "tp")), put(wb[:n], P(None, "tp"))
+rs = jax.jit(lambda x, w, o: N.gemm_reduce_scatter(x, w, mesh, "tp", comm_overlap=o), static_argnums=2)
+y, y_base = host(rs(xk, wk, True)), host(rs(xk, wk, False))
+assert np.array_equal(y, y_base), "RS overlapped != non-overlapped"
+ring = host(jax.jit(lambda x, w: C.gemm_reduce_scatter_sharded(x, w, mesh, "tp"))(xk, wk))
+ref = xb.astype(np.float64) @ wb[:n].astype(np.float64).T
+assert np.abs(y - ref).max() <= 2 ** -7 * np.abs(ref).max(), "RS far from float64"
+assert np.abs(y - ring).max() <= 2 ** -7 * np.abs(ref).max(), "RS far from the ppermute ring"
+print("RS == ppermute ring bit for bit:", bool(np.array_equal(y, ring)))
+
+# ---- FP8 current scaling: the ring form's bytes (the same unsharded quantization) --------------------------------
+q = lambda: tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.CURRENT_TENSOR_SCALING,
+                                        q_dtype=jnp.float8_e4m3fn, q_layout=tej.QuantizeLayout.ROWWISE)
+y8 = host(jax.jit(lambda x, w: N.all_gather_gemm(x, w, mesh, "tp", x_quantizer=q(), w_quantizer=q(),
+                                                 sm_margin=0))(xs, ws))
+ring8 = host(jax.jit(lambda x, w: C.all_gather_gemm_sharded(x, w, mesh, "tp", x_quantizer=q(),
+                                                            w_quantizer=q()))(xs, ws))
+assert np.array_equal(y8, ring8), "AG FP8 differs from the ppermute ring's"
+ref = xb.astype(np.float64) @ wb.astype(np.float64).T
+assert np.abs(y8 - ref).max() <= 0.1 * np.abs(ref).max(), "AG FP8 far from float64"
+
+# ---- gradients: loss = sum(y * g) against float64 ----------------------------------------------------------------
+g = rng.uniform(-1, 1, (M, Nn)).astype(np.float32)
+gb = np.asarray(bf(g)).astype(np.float64)
+loss = lambda f: (lambda x, w: jnp.sum(f(x, w).astype(jnp.float32) * bf(g).astype(jnp.float32)))
+dx, dw = jax.jit(jax.grad(loss(lambda x, w: N.all_gather_gemm(x, w, mesh, "tp")), argnums=(0, 1)))(xs, ws)
+rx, rw = gb @ wb.astype(np.float64), gb.T @ xb.astype(np.float64)
+for got, want, what in ((host(dx), rx, "AG dx"), (host(dw), rw, "AG dw")):
+    assert np.abs(got - want).max() <= 2 ** -6 * np.abs(want).max(), what
+gk = np.asarray(bf(g[:, :n])).astype(np.float64)
+lossk = lambda x, w: jnp.sum(N.gemm_reduce_scatter(x, w, mesh, "tp").astype(jnp.float32) *
+                             bf(g[:, :n]).astype(jnp.float32))
+dx, dw = jax.jit(jax.grad(lossk, argnums=(0, 1)))(xk, wk)
+rx, rw = gk @ wb[:n].astype(np.float64), gk.T @ xb.astype(np.float64)
+for got, want, what in ((host(dx), rx, "RS dx"), (host(dw), rw, "RS dw")):
+    assert np.abs(got - want).max() <= 2 ** -6 * np.abs(want).max(), what
+print("ok")
+"""
+
+
+def _gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    except (OSError, subprocess.SubprocessError):
+        return 0
+
+
+def _env(**kw):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               XLA_PYTHON_CLIENT_PREALLOCATE="false", NCCL_DEBUG="WARN", **NO_MULTICAST)
+    env.pop("JAX_PLATFORMS", None)
+    env.update({k: str(v) for k, v in kw.items()})
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check(outs):
+    for rc, out, err in outs:
+        assert rc == 0, err[-4000:]
+        assert out.strip().endswith("ok"), out[-2000:]
+        warns = [line for line in err.splitlines() if "NCCL WARN" in line]
+        assert not warns, warns[:5]
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_collective_nccl_one_process(tp):
+    """One process drives tp GPUs (its communicators made in one NCCL group): what TE's JAX frontend cannot do."""
+    if _gpus() < tp:
+        pytest.skip(f"needs {tp} GPUs, {_gpus()} visible")
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=_env(TP=tp, PROCS=1), capture_output=True, text=True,
+                         timeout=600)
+    _check([(out.returncode, out.stdout, out.stderr)])
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_collective_nccl_process_per_gpu(tp):
+    """tp processes, one GPU each, the NCCL ids published through jax.distributed's key-value store."""
+    if _gpus() < tp:
+        pytest.skip(f"needs {tp} GPUs, {_gpus()} visible")
+    coord = f"127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen([sys.executable, "-c", SCRIPT], env=_env(TP=tp, PROCS=tp, PID=i, COORD=coord),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(tp)]
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=600)
+            outs.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    _check(outs)
+
+
+def test_collective_nccl_refusals_on_cpu(run_on_cpu_mesh):
+    """Without GPUs the FFI form says where to go (the ppermute ring), and bad shapes are refused at trace time."""
+    run_on_cpu_mesh(r"""
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh
+from transformer_engine_jax import collective_nccl as N
+mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
+assert not N.available(mesh)
+x, w = jnp.ones((64, 32), jnp.bfloat16), jnp.ones((64, 32), jnp.bfloat16)
+try:
+    N.all_gather_gemm(x, w, mesh, "tp")
+    raise AssertionError("no error on CPU devices")
+except NotImplementedError as e:
+    assert "ppermute ring" in str(e), e
+for f, xs, ws, words in ((N.all_gather_gemm, (66, 32), (64, 32), "(66, 32) dim 0 must split into tp = 4"),
+                         (N.gemm_reduce_scatter, (64, 30), (64, 30), "(64, 30) dim 1 must split into tp = 4"),
+                         (N.all_gather_gemm, (64, 32), (64, 16), "the same K")):
+    try:
+        f(jnp.ones(xs, jnp.bfloat16), jnp.ones(ws, jnp.bfloat16), mesh, "tp")
+        raise AssertionError(f"no error for {xs}, {ws}")
+    except ValueError as e:
+        assert words in str(e), (words, str(e))
+try:
+    N.all_gather_gemm(x, w, Mesh(np.array(jax.devices()[:1]), ("tp",)), "tp")
+    raise AssertionError("a ring of one passes")
+except ValueError as e:
+    assert "ring of 2 or more" in str(e), e
+print("ok")
+""")
