@@ -16,12 +16,17 @@ FP8 (per tensor): x as a Float8Tensor (or a plain x and `quantizer`), w as a Flo
 with their scale_inv, each chunk multiplied with its own rank's scale. Autograd: for plain x and w, the backward is the
 mirrored ring (dgrad of the all-gather form is a reduce-scatter and vice versa) and the weight gradient reads the
 gathered x (or dy) the rings keep; with a quantizer the backward runs in the operands' precision. Not yet: FP8
-backward GEMMs, MXFP8 / FP8-block operands, tex.Linear's tensor-parallel modes.
+backward GEMMs, MXFP8 / NVFP4 / FP8-block operands (NotImplementedError).
+
+Bad input never hangs: before the ring every rank runs its local checks and the ranks exchange one small record
+(_collective_checks.py), so a mismatch between ranks, or a bad operand on one rank, makes every rank raise the same
+error before any data moves. A group of one (tp = 1) is the plain GEMM: y = x·wᵀ, the gathered x is x.
 """
 from __future__ import annotations
 
 import torch
 
+from ._collective_checks import check
 from ._ops import call
 from .cast import quantize
 from .dtypes import DType, as_dtype
@@ -152,15 +157,18 @@ def _differentiable(*ts):
 
 
 def all_gather_gemm(x_shard, w, group=None, *, quantizer=None, out_dtype=None, return_gathered=False,
-                    comm_overlap=True, use_split_accumulator=True, sm_margin=None):
+                    comm_overlap=True, use_split_accumulator=True, sm_margin=None, validate=None):
     """y [tp·m, N_local] = all_gather(x_shard [m, K]) · w [N_local, K]ᵀ over `group` (default: the world), the
     exchanges overlapped with the chunk GEMMs; with `return_gathered=True` also the gathered x [tp·m, K] (FP8: a
     (codes, scale_inv [tp]) pair, one scale per rank's chunk). Differentiable in x_shard and w (plain tensors):
-    dx_shard comes from the reduce-scatter ring, dw from the gathered x kept by the forward."""
-    if _differentiable(x_shard, w):
-        if return_gathered:
-            raise ValueError("all_gather_gemm: return_gathered is for calls without autograd (the autograd form "
-                             "keeps the gathered x itself)")
+    dx_shard comes from the reduce-scatter ring, dw from the gathered x kept by the forward. Every rank passes the
+    same x_shard shape and dtype and the same w shape and dtype; before the ring the ranks exchange one small record
+    and all raise the same error if they differ or one rank's operands are bad (`validate`: see
+    _collective_checks). A group of one is the plain GEMM."""
+    diff = _differentiable(x_shard, w)
+    check(_AG, x_shard, w, group, quantizer=quantizer, out_dtype=out_dtype, return_gathered=return_gathered,
+          differentiable=diff, validate=validate)
+    if diff:
         return _AllGatherGemm.apply(x_shard, w, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
     y, gathered = _ag(x_shard, w, group, quantizer, out_dtype, return_gathered, comm_overlap, use_split_accumulator,
                       sm_margin)
@@ -168,11 +176,14 @@ def all_gather_gemm(x_shard, w, group=None, *, quantizer=None, out_dtype=None, r
 
 
 def gemm_reduce_scatter(x, w_shard, group=None, *, quantizer=None, out_dtype=None, comm_overlap=True,
-                        use_split_accumulator=True, sm_margin=None):
+                        use_split_accumulator=True, sm_margin=None, validate=None):
     """y [M/tp, N]: this rank's rows of Σ_ranks x [M, K_local] · w_shard [N, K_local]ᵀ over `group`, the partial
     products of the other chunks computed while the running sums travel the ring. Differentiable in x and w_shard
-    (plain tensors): dx from the all-gather ring over dy, dw_shard from the dy it gathers."""
-    if _differentiable(x, w_shard):
+    (plain tensors): dx from the all-gather ring over dy, dw_shard from the dy it gathers. Every rank passes the same
+    x and w_shard shapes and dtypes, M a multiple of tp; checked before the ring as in all_gather_gemm."""
+    diff = _differentiable(x, w_shard)
+    check(_RS, x, w_shard, group, quantizer=quantizer, out_dtype=out_dtype, differentiable=diff, validate=validate)
+    if diff:
         return _GemmReduceScatter.apply(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
     return _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator, sm_margin)
 
