@@ -29,6 +29,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from . import _ffi
+from .cpp_extensions import _register
 from .gemm import _CODE, _DTYPE, gemm
 from .scaled_tensor import ScaledTensor
 
@@ -115,6 +116,7 @@ def initialize(mesh, axis: str) -> int:
 # ---- one device's call ------------------------------------------------------------------------------------------
 def _call(kind, key, tp, x, x_scale, w, w_scale, out_dtype, overlap, sm_margin, keep):
     """te_collective_gemm on this device's operands (inside shard_map) -> (out, gathered or None)."""
+    _register()
     inputs = (x, x_scale, w, w_scale)
     plan = _ffi.plan_collective_gemm([(list(a.shape), _CODE[jnp.dtype(a.dtype)]) for a in inputs], kind, tp,
                                      _CODE[jnp.dtype(out_dtype)], True, sm_margin, keep, True)

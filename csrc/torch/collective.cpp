@@ -90,6 +90,8 @@ std::tuple<Tensor, Tensor, Tensor> run(const char* op, const Tensor& x_in, const
     r.overlap = overlap;
     r.use_split_accumulator = use_split_accumulator;
     r.sm_margin = int(sm_margin);
+    // fp32 operands follow torch's matmul precision, as tex.general_gemm does
+    r.allow_tf32 = at::globalContext().float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST;
 #if defined(TE_WITH_CUDA)
     const c10::cuda::OptionalCUDAGuard guard(x.is_cuda() ? c10::optional<c10::Device>(x.device()) : c10::nullopt);
 #endif

@@ -51,6 +51,7 @@ GemmRequest chunk_request(const CollectiveGemmRequest& r, int64_t m, DType d_dty
   g.b.scale_inv = r.x.scale_inv;
   g.d_dtype = int64_t(d_dtype);
   g.use_split_accumulator = r.use_split_accumulator;
+  g.allow_tf32 = r.allow_tf32;
   g.sm_count = sm_count;
   return g;
 }

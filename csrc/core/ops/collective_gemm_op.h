@@ -40,6 +40,7 @@ struct CollectiveGemmRequest {
   int rank = 0;
   bool overlap = true;
   bool use_split_accumulator = true;                  // FP8: promoted accumulation
+  bool allow_tf32 = false;                            // fp32 operands: TF32 tensor cores (off: full FP32)
   // CUDA: SMs the chunk GEMMs leave free for the exchanges' kernels (NCCL's send/receive run on SMs; a GEMM that
   // fills every SM delays them until it drains, which serialises what should overlap). 0: the GEMMs take every SM;
   // -1: the transport's default (Transport::default_sm_margin; resolve_sm_margin below).
