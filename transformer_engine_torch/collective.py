@@ -15,8 +15,11 @@ SMs of their own, or they wait for a GEMM that fills the GPU to drain; gloo and 
 FP8 (per tensor): x as a Float8Tensor (or a plain x and `quantizer`), w as a Float8Tensor; the codes travel as FP8
 with their scale_inv, each chunk multiplied with its own rank's scale. Autograd: for plain x and w, the backward is the
 mirrored ring (dgrad of the all-gather form is a reduce-scatter and vice versa) and the weight gradient reads the
-gathered x (or dy) the rings keep; with a quantizer the backward runs in the operands' precision. Not yet: FP8
-backward GEMMs, MXFP8 / NVFP4 / FP8-block operands (NotImplementedError).
+gathered x (or dy) the rings keep; with a quantizer these functions' own backward runs in the operands' precision.
+The tensor-parallel tex.Linear / tex.MLP (modules.py) call the ops outside autograd and run their backward with FP8
+GEMMs on the same rings (quantized dy, E5M2 under HYBRID). Not yet: FP8 backward GEMMs in these functions' own
+autograd; MXFP8 / NVFP4 / FP8-block operands (NotImplementedError: the op carries one scale per rank's chunk; the
+layers run those recipes through a non-overlapped path).
 
 Bad input never hangs: before the ring every rank runs its local checks and the ranks exchange one small record
 (_collective_checks.py), so a mismatch between ranks, or a bad operand on one rank, makes every rank raise the same

@@ -19,6 +19,10 @@ training, which is the wgrad contraction dim) must be a multiple of the recipe's
 FP8 block, 32 MXFP8/NVFP4); otherwise the layer raises ValueError telling you to pad or to run the layer outside
 autocast. There is no silent bf16 fallback (a fallback would hide a slow layer).
 
+Tensor-parallel modes (`tp_group`, Linear's docstring) run under every recipe too: `_TPLinearFn` below, the same
+GEMM layouts on this rank's shards, with the collective GEMM rings (per-tensor FP8, sequence parallel) or
+torch.distributed's all-gather / reduce-scatter / all-reduce around them.
+
 Delayed scaling keeps per-layer scales and amax histories in non-persistent buffers (moved by `.to()`, not in
 `state_dict`, which stays identical to the torch modules'); they are updated once per step per layer: forward
 slots right after the layer's forward, backward slots right after its backward.
@@ -26,6 +30,7 @@ slots right after the layer's forward, backward slots right after its backward.
 from __future__ import annotations
 
 import math
+import typing
 import warnings
 from typing import Optional
 
@@ -36,6 +41,7 @@ from . import activations as _act
 from ._activation_table import ACTIVATIONS as _ACTIVATION_TABLE
 from .cast import bgrad_quantize
 from .enums import FP8BwdTensors, FP8FwdTensors
+from .formats.fp8 import Float8Tensor
 from .gemm import generic_gemm
 from .recipe import (DelayedScaling, DelayedScalingState, build_quantizer, get_amax_reduction_group, get_fp8_recipe,
                      is_calibrating, is_fp8_enabled, update_delayed_scaling)
@@ -176,15 +182,17 @@ class _DelayedMixin:
             self.init_fp8_state(recipe, device)
         return self.fp8_fwd_scale, self.fp8_fwd_amax_history, self.fp8_bwd_scale, self.fp8_bwd_amax_history
 
-    def _calibrate(self, recipe, tensors_by_slot):
-        """calibrating=True: record each forward operand's amax into its history entry (max), then update."""
+    def _calibrate(self, recipe, tensors_by_slot, tp_group=None):
+        """calibrating=True: record each forward operand's amax into its history entry (max), then update (a
+        tensor-parallel layer's amaxes are those of its shards, MAX-reduced over `tp_group`)."""
         fs, fh, _, _ = self._delayed_state(recipe, tensors_by_slot[0][1].device)
         with torch.no_grad():
             for slot, t in tensors_by_slot:
                 amax = torch.zeros(1, dtype=torch.float32, device=t.device)
                 torch.ops.te.compute_amax.default(t.detach(), amax)
                 fh[0, slot:slot + 1].copy_(torch.maximum(fh[0, slot:slot + 1], amax))
-        update_delayed_scaling(fh, fs, recipe, recipe.fp8_format.value.fwd_dtype, get_amax_reduction_group())
+        update_delayed_scaling(fh, fs, recipe, recipe.fp8_format.value.fwd_dtype, get_amax_reduction_group(),
+                               tp_group=tp_group)
 
 
 # ---- Linear ----------------------------------------------------------------------------------------------------
@@ -235,6 +243,40 @@ class _LinearFn(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None, None, None
 
 
+# ---- tensor parallel -------------------------------------------------------------------------------------------
+# Column-parallel: this rank's rows of W, y = x·Wᵀ for its output columns. Row-parallel: this rank's columns of W
+# (the matching input columns), y = Σ_ranks x_r·W_rᵀ. Sequence parallel: the activations between the two are split
+# along the tokens (first dim), so the column layer all-gathers its input and the row layer reduce-scatters its
+# output; without it the column layer's input gradient and the row layer's output are all-reduced.
+def _all_gather_rows(t: torch.Tensor, group) -> torch.Tensor:
+    """[tp·rows, cols]: every rank's `t` [rows, cols] in rank order (the non-overlapped all-gather)."""
+    import torch.distributed as dist
+
+    t = t.contiguous()
+    out = t.new_empty((group.size() * t.shape[0],) + tuple(t.shape[1:]))
+    dist.all_gather_into_tensor(out, t, group=group)
+    return out
+
+
+def _reduce_scatter_rows(t: torch.Tensor, group) -> torch.Tensor:
+    """This rank's rows of Σ_ranks t [tp·rows, cols] (FP32 partials: the sum is rounded once, by the caller)."""
+    import torch.distributed as dist
+
+    t = t.contiguous()
+    out = t.new_empty((t.shape[0] // group.size(),) + tuple(t.shape[1:]))
+    dist.reduce_scatter_tensor(out, t, group=group)
+    return out
+
+
+def _all_reduce(t: torch.Tensor, group) -> torch.Tensor:
+    """Σ_ranks t, in place (in t's own storage when it is contiguous)."""
+    import torch.distributed as dist
+
+    t = t.contiguous()
+    dist.all_reduce(t, group=group)
+    return t
+
+
 class _TPAllReduceBackward(torch.autograd.Function):
     """Identity forward, all-reduce of the gradient over the TP group backward (a column-parallel layer's replicated
     input: each rank's dx holds its output columns' share)."""
@@ -246,11 +288,7 @@ class _TPAllReduceBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dx):
-        import torch.distributed as dist
-
-        dx = dx.contiguous()
-        dist.all_reduce(dx, group=ctx.group)
-        return dx, None
+        return _all_reduce(dx, ctx.group), None
 
 
 class _TPAllReduce(torch.autograd.Function):
@@ -258,37 +296,188 @@ class _TPAllReduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y, group):
-        import torch.distributed as dist
-
-        y = y.contiguous().clone()
-        dist.all_reduce(y, group=group)
-        return y
+        return _all_reduce(y.clone(), group)
 
     @staticmethod
     def backward(ctx, dy):
         return dy, None
 
 
+class _TPSpec(typing.NamedTuple):
+    """What a quantized tensor-parallel linear needs besides its tensors (plain values, fixed per call)."""
+
+    mode: str                  # "column" or "row"
+    group: object              # the TP process group
+    sequence_parallel: bool
+    comm_overlap: bool
+    act_dtype: torch.dtype     # the dtype the GEMMs compute in
+    cfgs: tuple                # (input, weight, grad_output) quantizer configs
+    recipe: object
+    slots: tuple               # (input slot, weight slot) of FP8FwdTensors, grad-output slot of FP8BwdTensors
+    bias_dtype: Optional[torch.dtype]
+
+
+def _tp_quantizer(cfg, rowwise, columnwise, scale, history, slot, group):
+    """A quantizer for an operand whose shards are gathered as FP8 codes: current scaling reduces the amax over the
+    TP group, so every rank quantizes with the same scale (delayed scaling gets the same from its TP-reduced amax
+    history, update_delayed_scaling(tp_group=...))."""
+    return build_quantizer(cfg, rowwise, columnwise, *_slot(scale, history, slot),
+                           amax_reduction_group=group if cfg[0] == "current" else None)
+
+
+def _transposed_fp8(q):
+    """Wᵀ as a Float8Tensor [K, N] whose rowwise codes are W's columnwise copy (same scale): the collective ops take
+    their w operand rowwise, and the backward rings multiply by W, not Wᵀ."""
+    return Float8Tensor(data=q._transpose.reshape(q.shape[-1], -1), fp8_scale_inv=q._scale_inv,
+                        fp8_dtype=q._fp8_dtype, dtype=q.dtype)
+
+
+def _gathered_fp8(gathered, like, dtype):
+    """The codes [tp·m, K] the all-gather ring kept, as one Float8Tensor holding only its columnwise copy (for the
+    weight gradient). The ring keeps one scale_inv per rank's chunk; in a tensor-parallel layer they are equal by
+    construction (_tp_quantizer), so chunk 0's is the tensor's."""
+    codes, scales = gathered
+    t = Float8Tensor(data=codes, fp8_scale_inv=scales[:1], fp8_dtype=like._fp8_dtype, dtype=dtype)
+    t.update_usage(columnwise_usage=True, rowwise_usage=False)
+    return t
+
+
+def _grad_quantize(dy, quantizer, need_bgrad, bias_dtype):
+    """(bias gradient or None, quantized dy or None); the bias gradient fused into the cast when both are wanted."""
+    if quantizer is None:
+        return (dy.float().sum(0).to(bias_dtype) if need_bgrad else None), None
+    if need_bgrad:
+        db, dy_q = bgrad_quantize(dy, quantizer)
+        return db.to(bias_dtype), dy_q
+    return None, quantizer(dy)
+
+
+class _TPLinearFn(torch.autograd.Function):
+    """One quantized tensor-parallel linear: x2 [tokens, K_local] (this rank's tokens for a sequence-parallel column
+    layer) in the compute dtype → y [tokens', N_local]. The three GEMMs are quantized as _LinearFn's (fprop TN,
+    dgrad NN, wgrad NT; gradients in the recipe's backward format, E5M2 under HYBRID).
+
+    Per-tensor FP8 with sequence parallelism (the "ring" path) runs on the collective GEMM core, exchanges overlapped
+    with the chunk GEMMs (comm_overlap=False: the same exchanges first, the same bytes): column forward
+    all_gather_gemm of the FP8 x shards, backward dgrad = gemm_reduce_scatter(dy, Wᵀ), wgrad from the FP8 codes the
+    forward gathered; row forward gemm_reduce_scatter, backward all_gather_gemm of the FP8 dy shards then wgrad
+    from the gathered dy. Every other case runs the layer's own quantized GEMMs on this rank's operands: block-scaled
+    formats (MXFP8, FP8 block, NVFP4) are not overlapped yet — the core's collective op carries per-tensor scales
+    only — so with sequence parallelism the high-precision x (column forward) or dy (row backward) is all-gathered
+    with torch.distributed first; the FP32 partial products (row forward, column dgrad) are reduce-scattered
+    (sequence parallel) or all-reduced, then rounded once."""
+
+    @staticmethod
+    def forward(ctx, x2, weight, bias, spec, fs, fh, bs, bh):
+        from .collective import all_gather_gemm, gemm_reduce_scatter
+
+        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        column, group, act = spec.mode == "column", spec.group, spec.act_dtype
+        ring = spec.sequence_parallel and spec.cfgs[0][0] in ("delayed", "current")
+        cfg_in, cfg_w, _ = spec.cfgs
+        in_slot, w_slot, _ = spec.slots
+        w_q = build_quantizer(cfg_w, True, need_dgrad, *_slot(fs, fh, w_slot))(weight)
+        b = None if bias is None else bias.to(act)
+        if column and ring:
+            # FP8 shards travel with their scale_inv; the fp32 output takes the bias before its one rounding.
+            x_q = _tp_quantizer(cfg_in, True, False, fs, fh, in_slot, group)(x2)
+            r = all_gather_gemm(x_q, w_q, group, out_dtype=act if b is None else torch.float32,
+                                return_gathered=need_wgrad, comm_overlap=spec.comm_overlap, use_split_accumulator=False)
+            y, gathered = r if need_wgrad else (r, None)
+            y = y if b is None else (y + b.float()).to(act)
+            ctx.x_q = _gathered_fp8(gathered, x_q, act) if need_wgrad else None
+        else:
+            if column and spec.sequence_parallel:
+                x2 = _all_gather_rows(x2, group)
+            x_q = build_quantizer(cfg_in, True, need_wgrad, *_slot(fs, fh, in_slot))(x2)
+            if column:
+                y = _gemm(w_q, True, x_q, False, act, bias=b)
+            else:
+                if ring:
+                    y = gemm_reduce_scatter(x_q, w_q, group, out_dtype=torch.float32, comm_overlap=spec.comm_overlap,
+                                            use_split_accumulator=False)
+                else:
+                    y = _gemm(w_q, True, x_q, False, torch.float32)
+                    y = _reduce_scatter_rows(y, group) if spec.sequence_parallel else _all_reduce(y, group)
+                y = (y if b is None else y + b.float()).to(act)
+            ctx.x_q = _keep_columnwise(x_q) if need_wgrad else None
+        ctx.w_q = _keep_columnwise(w_q) if need_dgrad else None
+        ctx.spec, ctx.ring, ctx.w_dtype = spec, ring, weight.dtype
+        ctx.save_for_backward(bs, bh)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        from .collective import all_gather_gemm, gemm_reduce_scatter
+
+        spec, ring = ctx.spec, ctx.ring
+        bs, bh = ctx.saved_tensors
+        need_dgrad, need_wgrad, need_bgrad = ctx.needs_input_grad[:3]
+        column, group, act = spec.mode == "column", spec.group, spec.act_dtype
+        cfg_g, g_slot = spec.cfgs[2], spec.slots[2]
+        dy2 = dy.to(act).contiguous()
+        dx = dw = db = None
+        if not column and ring and need_dgrad:
+            # dy shards as FP8 (one scale over the group) through the all-gather ring: dx = AG(dy)·W, and the
+            # gathered codes are the weight gradient's dy. The bias gradient: FP32 sums of the shards, all-reduced.
+            dy_q = _tp_quantizer(cfg_g, True, False, bs, bh, g_slot, group)(dy2)
+            if need_bgrad:
+                db = _all_reduce(dy2.float().sum(0), group).to(spec.bias_dtype)
+            r = all_gather_gemm(dy_q, _transposed_fp8(ctx.w_q), group, out_dtype=act, return_gathered=need_wgrad,
+                                comm_overlap=spec.comm_overlap, use_split_accumulator=True)
+            dx, gathered = r if need_wgrad else (r, None)
+            if need_wgrad:
+                dw = _wgrad(ctx.x_q, _gathered_fp8(gathered, dy_q, act), ctx.w_dtype)
+        else:
+            if not column and spec.sequence_parallel:  # the row layer's output was scattered: gather its gradient
+                dy2 = _all_gather_rows(dy2, group)
+            qg = (build_quantizer(cfg_g, need_dgrad, need_wgrad, *_slot(bs, bh, g_slot))
+                  if need_dgrad or need_wgrad else None)
+            db, dy_q = _grad_quantize(dy2, qg, need_bgrad, spec.bias_dtype)
+            if need_dgrad:
+                if not column:
+                    dx = _dgrad(ctx.w_q, dy_q, act)
+                elif ring:
+                    dx = gemm_reduce_scatter(dy_q, _transposed_fp8(ctx.w_q), group, out_dtype=act,
+                                             comm_overlap=spec.comm_overlap, use_split_accumulator=True)
+                else:  # each rank's output columns' share of dx, summed over the group in FP32
+                    dx = _gemm(ctx.w_q, False, dy_q, False, torch.float32, split=True)
+                    dx = (_reduce_scatter_rows(dx, group) if spec.sequence_parallel else _all_reduce(dx, group))
+                    dx = dx.to(act)
+            if need_wgrad:
+                dw = _wgrad(ctx.x_q, dy_q, ctx.w_dtype)
+        if bs is not None:
+            update_delayed_scaling(bh, bs, spec.recipe, cfg_g[1], get_amax_reduction_group(), tp_group=group)
+        ctx.x_q = ctx.w_q = None
+        return dx, dw, db, None, None, None, None, None
+
+
+def _tp_shapes(layer: str, x, mode: str, tp: int, sequence_parallel: bool):
+    """(x as [tokens, K_local], the output's leading dims). A sequence-parallel row layer scatters the first dim."""
+    lead = tuple(x.shape[:-1])
+    if sequence_parallel and mode == "row":
+        first = lead[0] if lead else 1
+        if first % tp:
+            raise ValueError(f"{layer}: a sequence-parallel row layer scatters the first dim of its input "
+                             f"{tuple(x.shape)} over tp={tp} ranks: it must be a multiple of tp")
+        lead = (first // tp,) + lead[1:] if lead else lead
+    elif sequence_parallel:
+        lead = (lead[0] * tp,) + lead[1:] if lead else lead
+    return x.reshape(-1, x.shape[-1]), lead
+
+
 def _tp_linear(layer: str, x, w, bias, mode: str, group, sequence_parallel: bool, comm_overlap: bool):
-    """One tensor-parallel linear (Linear's docstring): y = x·wᵀ + bias with w this rank's rows ("column") or
-    columns ("row"); sequence parallel: all-gather of x's first dim inside the GEMM (column) or reduce-scatter of y's
-    (row), else the all-reduce of the column layer's input gradient or of the row layer's output. No recipe yet."""
+    """One tensor-parallel linear in plain precision (outside tex.autocast; Linear's docstring): y = x·wᵀ + bias with
+    w this rank's rows ("column") or columns ("row"); sequence parallel: all-gather of x's first dim inside the GEMM
+    (column) or reduce-scatter of y's (row), else the all-reduce of the column layer's input gradient or of the row
+    layer's output."""
     from .collective import all_gather_gemm, gemm_reduce_scatter
 
-    if is_fp8_enabled():
-        raise NotImplementedError(f"{layer}: not yet supported: a recipe (tex.autocast) with parallel_mode="
-                                  f"{mode!r}; run the tensor-parallel layer outside autocast")
-    lead, k = tuple(x.shape[:-1]), x.shape[-1]
-    tp = group.size()
-    if sequence_parallel and len(lead) > 1 and mode == "row" and lead[0] % tp:
-        raise ValueError(f"{layer}: a sequence-parallel row layer scatters the first dim of its input "
-                         f"{tuple(x.shape)} over tp={tp} ranks: it must be a multiple of tp")
-    x2 = x.reshape(-1, k)
+    x2, lead = _tp_shapes(layer, x, mode, group.size(), sequence_parallel)
     w = w.to(x2.dtype)
     if mode == "column":
         if sequence_parallel:  # x holds this rank's tokens (first dim); y all of them
             y = all_gather_gemm(x2.contiguous(), w, group, comm_overlap=comm_overlap)
-            lead = (lead[0] * tp,) + lead[1:] if lead else lead
         else:
             y = F.linear(_TPAllReduceBackward.apply(x2, group), w)
         if bias is not None:
@@ -296,13 +485,34 @@ def _tp_linear(layer: str, x, w, bias, mode: str, group, sequence_parallel: bool
     else:
         if sequence_parallel:  # y: this rank's share of the tokens (first dim)
             y = gemm_reduce_scatter(x2.contiguous(), w, group, comm_overlap=comm_overlap)
-            lead = (lead[0] // tp,) + lead[1:] if lead else lead
         else:
             y = _TPAllReduce.apply(F.linear(x2, w), group)
         if bias is not None:  # sequence parallel: each rank adds it to its tokens, so its grad is summed
             bias = _TPAllReduceBackward.apply(bias, group) if sequence_parallel else bias
             y = y + bias.to(y.dtype)
     return y.reshape(*lead, y.shape[-1])
+
+
+def _tp_linear_quantized(layer: str, x, w, bias, mode: str, group, sequence_parallel: bool, comm_overlap: bool,
+                         recipe, act_dtype, cfgs, slots, state):
+    """One tensor-parallel linear inside tex.autocast (_TPLinearFn), x in any leading shape."""
+    x2, lead = _tp_shapes(layer, x, mode, group.size(), sequence_parallel)
+    x2 = x2.to(act_dtype).contiguous()
+    spec = _TPSpec(mode, group, bool(sequence_parallel), bool(comm_overlap), act_dtype, cfgs, recipe, slots,
+                   None if bias is None else bias.dtype)
+    y = _TPLinearFn.apply(x2, w, bias, spec, *state)
+    return y.reshape(*lead, y.shape[-1])
+
+
+def _tp_alignment(layer: str, recipe, x, mode: str, tp: int, sequence_parallel: bool, dims: dict,
+                  weight_grad: bool) -> None:
+    """_check_alignment on this rank's GEMM dims; the wgrad's contraction dim is the gathered token count."""
+    if weight_grad:
+        tokens = x.numel() // max(x.shape[-1], 1)
+        if sequence_parallel and mode == "column":
+            tokens *= tp
+        dims = dict(dims, **{"tokens (flattened leading dims of the input, all ranks')": tokens})
+    _check_alignment(layer, recipe, dims)
 
 
 class Linear(_DelayedMixin, torch.nn.Module):
@@ -319,8 +529,20 @@ class Linear(_DelayedMixin, torch.nn.Module):
     first, then the GEMMs) and the backward mirrored. Without it, a column layer takes the whole x (its gradient
     all-reduced) and a row layer all-reduces its output (a sequence-parallel row layer's bias gradient is summed over
     the group, so every rank's equals the unsharded layer's). The weight is initialised as the unsharded layer's rows or
-    columns would be: `torch.nn.Linear`'s bound (fan-in = the full in_features). Not yet: a recipe (tex.autocast)
-    with a tensor-parallel mode raises NotImplementedError."""
+    columns would be: `torch.nn.Linear`'s bound (fan-in = the full in_features).
+
+    Inside `tex.autocast` the tensor-parallel modes run every recipe with quantized GEMMs forward and backward (dgrad
+    and wgrad with the quantized dy, E5M2 under HYBRID), the alignment rules applied to this rank's dims. Per-tensor
+    FP8 (DelayedScaling, Float8CurrentScaling) with sequence parallelism runs on the collective GEMM rings: the FP8
+    shards of x (column) or dy (row backward) travel as codes with their scale, overlapped with the chunk GEMMs, and
+    the weight gradient reads the gathered codes. To make those codes one tensor the ranks share each scale: current
+    scaling MAX-reduces the gathered tensor's amax over `tp_group`, and delayed scaling always MAX-reduces its amax
+    history over `tp_group` (then over autocast's amax_reduction_group when the recipe's reduce_amax), so every rank
+    holds the same scales. Not overlapped yet for block-scaled formats (the collective op carries per-tensor scales
+    only): under MXFP8BlockScaling, Float8BlockScaling and NVFP4BlockScaling the layer all-gathers the high-precision
+    activation or gradient with torch.distributed, runs its own quantized GEMMs and reduce-scatters FP32 partial
+    products, rounded once. Without sequence parallelism every recipe runs the local quantized GEMMs and all-reduces
+    the FP32 partials (the column layer's dx, the row layer's y)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, params_dtype=None, device=None, *,
                  tp_group=None, parallel_mode: Optional[str] = None, sequence_parallel: bool = False,
@@ -370,8 +592,7 @@ class Linear(_DelayedMixin, torch.nn.Module):
             what = "this rank's in_features shard" if self.parallel_mode == "row" else "in_features"
             raise ValueError(f"Linear: input last dim {x.shape[-1]} != {what} {k_local} (input shape {tuple(x.shape)})")
         if self.parallel_mode is not None:
-            return _tp_linear("Linear", x, self.weight, self.bias, self.parallel_mode, self.tp_group,
-                              self.sequence_parallel, self.comm_overlap)
+            return self._tp_forward(x)
         if not is_fp8_enabled():
             return F.linear(x, self.weight, self.bias)
         recipe = get_fp8_recipe()
@@ -391,6 +612,32 @@ class Linear(_DelayedMixin, torch.nn.Module):
         y = _LinearFn.apply(x, self.weight, self.bias, act_dtype, cfgs, recipe, fs, fh, bs, bh)
         if fs is not None:
             update_delayed_scaling(fh, fs, recipe, cfgs[0][1], get_amax_reduction_group())
+        return y
+
+    def _tp_forward(self, x):
+        args = (self.parallel_mode, self.tp_group, self.sequence_parallel, self.comm_overlap)
+        if not is_fp8_enabled() or is_calibrating():
+            y = _tp_linear("Linear", x, self.weight, self.bias, *args)
+            recipe = get_fp8_recipe()
+            if is_fp8_enabled() and isinstance(recipe, DelayedScaling):
+                self._calibrate(recipe, [(FP8FwdTensors.GEMM1_INPUT, x), (FP8FwdTensors.GEMM1_WEIGHT, self.weight)],
+                                tp_group=self.tp_group)
+            return y
+        recipe, tp = get_fp8_recipe(), self.tp_group.size()
+        name = f"Linear({self.in_features}, {self.out_features}, parallel_mode={self.parallel_mode!r}, tp={tp})"
+        column = self.parallel_mode == "column"
+        dims = {"in_features" if column else "in_features/tp": self.weight.shape[1],
+                "out_features/tp" if column else "out_features": self.weight.shape[0]}
+        _tp_alignment(name, recipe, x, self.parallel_mode, tp, self.sequence_parallel, dims,
+                      torch.is_grad_enabled() and self.weight.requires_grad)
+        state = self._delayed_state(recipe, x.device)
+        act_dtype = _activation_dtype(x)
+        cfgs = _layer_configs(recipe, act_dtype)
+        slots = (FP8FwdTensors.GEMM1_INPUT, FP8FwdTensors.GEMM1_WEIGHT, FP8BwdTensors.GRAD_OUTPUT1)
+        y = _tp_linear_quantized("Linear", x, self.weight, self.bias, *args, recipe, act_dtype, cfgs, slots, state)
+        if state[0] is not None:
+            update_delayed_scaling(state[1], state[0], recipe, cfgs[0][1], get_amax_reduction_group(),
+                                   tp_group=self.tp_group)
         return y
 
 
@@ -479,8 +726,10 @@ class MLP(_DelayedMixin, torch.nn.Module):
     backward; outside it is plain PyTorch math. Parameters: `fc1_weight`, `fc1_bias`, `fc2_weight`, `fc2_bias`.
 
     Tensor parallel (`tp_group`): fc1 column-parallel (this rank's ffn/tp rows of each half for a gated activation:
-    [activated rows; linear rows]), fc2 row-parallel, with `sequence_parallel` and `comm_overlap` as Linear's; no
-    recipe yet (tex.autocast with tp_group raises NotImplementedError)."""
+    [activated rows; linear rows]), fc2 row-parallel, with `sequence_parallel` and `comm_overlap` as Linear's. Inside
+    `tex.autocast` both run as tensor-parallel Linears do under every recipe (per-tensor FP8 with sequence
+    parallelism on the overlapped collective GEMM rings; block-scaled formats not overlapped yet); the activation is
+    then its own op between them (computed in the GEMMs' dtype, quantized by fc2), not fused with fc2's quantization."""
 
     _N_FWD = 6
     _N_BWD = 4
@@ -538,11 +787,7 @@ class MLP(_DelayedMixin, torch.nn.Module):
             raise ValueError(f"MLP: input last dim {x.shape[-1]} != hidden_size {self.hidden_size} "
                              f"(input shape {tuple(x.shape)})")
         if self.tp_group is not None:  # fc1 column-parallel, fc2 row-parallel (Linear's tensor-parallel modes)
-            h = _tp_linear("MLP fc1", x, self.fc1_weight, self.fc1_bias, "column", self.tp_group,
-                           self.sequence_parallel, self.comm_overlap)
-            a = getattr(_act, ACTIVATIONS[self.activation][0])(h, None)
-            return _tp_linear("MLP fc2", a, self.fc2_weight, self.fc2_bias, "row", self.tp_group,
-                              self.sequence_parallel, self.comm_overlap)
+            return self._tp_forward(x)
         if not is_fp8_enabled():
             return self._plain(x)
         recipe = get_fp8_recipe()
@@ -567,6 +812,40 @@ class MLP(_DelayedMixin, torch.nn.Module):
                          act_dtype, cfgs, recipe, fs, fh, bs, bh)
         if fs is not None:
             update_delayed_scaling(fh, fs, recipe, cfgs[0][1], get_amax_reduction_group())
+        return y
+
+    def _tp_forward(self, x):
+        """fc1 column-parallel, the activation (its own autograd op, not fused with fc2's quantization), fc2
+        row-parallel; inside tex.autocast each through _TPLinearFn with the MLP's slots."""
+        act = getattr(_act, ACTIVATIONS[self.activation][0])
+        args = (self.tp_group, self.sequence_parallel, self.comm_overlap)
+        if not is_fp8_enabled() or is_calibrating():
+            h = _tp_linear("MLP fc1", x, self.fc1_weight, self.fc1_bias, "column", *args)
+            a = act(h, None)
+            y = _tp_linear("MLP fc2", a, self.fc2_weight, self.fc2_bias, "row", *args)
+            recipe = get_fp8_recipe()
+            if is_fp8_enabled() and isinstance(recipe, DelayedScaling):
+                self._calibrate(recipe, [(FP8FwdTensors.GEMM1_INPUT, x), (FP8FwdTensors.GEMM1_WEIGHT, self.fc1_weight),
+                                         (FP8FwdTensors.GEMM2_INPUT, a), (FP8FwdTensors.GEMM2_WEIGHT, self.fc2_weight)],
+                                tp_group=self.tp_group)
+            return y
+        recipe, tp = get_fp8_recipe(), self.tp_group.size()
+        name = f"MLP({self.hidden_size}, {self.ffn_hidden_size}, {self.activation!r}, tp={tp})"
+        train = torch.is_grad_enabled() and any(p.requires_grad for p in (self.fc1_weight, self.fc2_weight))
+        _tp_alignment(name, recipe, x, "column", tp, self.sequence_parallel,
+                      {"hidden_size": self.hidden_size, "ffn_hidden_size/tp": self.fc2_weight.shape[1]}, train)
+        state = self._delayed_state(recipe, x.device)
+        act_dtype = _activation_dtype(x)
+        cfgs = _layer_configs(recipe, act_dtype)
+        h = _tp_linear_quantized("MLP fc1", x, self.fc1_weight, self.fc1_bias, "column", *args, recipe, act_dtype,
+                                 cfgs, (FP8FwdTensors.GEMM1_INPUT, FP8FwdTensors.GEMM1_WEIGHT,
+                                        FP8BwdTensors.GRAD_OUTPUT1), state)
+        y = _tp_linear_quantized("MLP fc2", act(h, None), self.fc2_weight, self.fc2_bias, "row", *args, recipe,
+                                 act_dtype, cfgs, (FP8FwdTensors.GEMM2_INPUT, FP8FwdTensors.GEMM2_WEIGHT,
+                                                   FP8BwdTensors.GRAD_OUTPUT2), state)
+        if state[0] is not None:
+            update_delayed_scaling(state[1], state[0], recipe, cfgs[0][1], get_amax_reduction_group(),
+                                   tp_group=self.tp_group)
         return y
 
 

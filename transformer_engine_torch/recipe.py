@@ -233,9 +233,11 @@ class Float8BlockScaling(Recipe):
         return ("block", dtype, self.force_pow_2_scales, 2 if role == "weight" else 1)
 
 
-def build_quantizer(cfg: tuple, rowwise: bool, columnwise: bool, scale=None, amax=None):
+def build_quantizer(cfg: tuple, rowwise: bool, columnwise: bool, scale=None, amax=None, amax_reduction_group=None):
     """The quantizer of a config from `Recipe.quantizer_config`, with the given usages. Delayed scaling takes the
-    slot's one-element `scale` and `amax` views (amax = the slot's entry in row 0 of the amax history)."""
+    slot's one-element `scale` and `amax` views (amax = the slot's entry in row 0 of the amax history). Current
+    scaling with `amax_reduction_group`: the tensor's amax is MAX-reduced over that group before the scale is taken
+    (tensor-parallel layers: every rank's shard then has the same scale)."""
     kind = cfg[0]
     if kind == "delayed":
         # The recipe's scales stay finite (SPEC §4.3 keeps the old scale for a non-finite amax, an Inf result becomes
@@ -244,7 +246,9 @@ def build_quantizer(cfg: tuple, rowwise: bool, columnwise: bool, scale=None, ama
                                            _check_scale=False)
     if kind == "current":
         return _formats.Float8CurrentScalingQuantizer(cfg[1], rowwise=rowwise, columnwise=columnwise,
-                                                         force_pow_2_scales=cfg[2])
+                                                         force_pow_2_scales=cfg[2],
+                                                         with_amax_reduction=amax_reduction_group is not None,
+                                                         amax_reduction_group=amax_reduction_group)
     if kind == "mxfp8":
         return _formats.MXFP8Quantizer(cfg[1], rowwise=rowwise, columnwise=columnwise)
     if kind == "nvfp4":
@@ -279,15 +283,19 @@ class DelayedScalingState:
 
 
 def update_delayed_scaling(history: torch.Tensor, scale: torch.Tensor, recipe: DelayedScaling, fp8_dtype: int,
-                           group=None) -> None:
+                           group=None, tp_group=None) -> None:
     """One SPEC §4.3 update of a layer's slots (forward or backward) in place, after the optional MAX all-reduce of
-    row 0 over `group`."""
+    row 0 over `group` (the autocast's amax_reduction_group, when `recipe.reduce_amax`). A tensor-parallel layer
+    passes its `tp_group`: row 0 is then always MAX-reduced over it first (whatever `reduce_amax` says), so that
+    every rank of the group derives the same scales — its shards are gathered as FP8 codes under one scale."""
+    groups = [g for g, on in ((tp_group, True), (group, recipe.reduce_amax)) if g is not None and on]
     buffer = None
-    if group is not None and recipe.reduce_amax:
+    if groups:
         import torch.distributed as dist
 
         buffer = history[0].clone()
-        dist.all_reduce(buffer, op=dist.ReduceOp.MAX, group=group)
+        for g in dict.fromkeys(groups):  # MAX is idempotent: a rank in both groups gets the max over their union
+            dist.all_reduce(buffer, op=dist.ReduceOp.MAX, group=g)
     if callable(recipe.amax_compute_algo):
         _update_unfused(buffer, history, scale, recipe, fp8_dtype)
         return

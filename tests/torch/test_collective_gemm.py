@@ -5,7 +5,13 @@ so "all-gather then GEMM" is the GEMM of the full x (bf16, and FP8 per tensor wi
 own, each chunk with its own scale), and "GEMM then reduce-scatter" is the FP32 partial products of every rank's K
 shard added in the ring's order (chunk c: ranks c + 1, c + 2, …, c) and rounded once. Also against a float64
 product, so that the reference itself is checked. On one GPU (tests marked cuda) the loopback transport runs the same
-schedule with copy-engine exchanges: bit for bit the non-overlapped result, and under CUDA-graph capture."""
+schedule with copy-engine exchanges: bit for bit the non-overlapped result, and under CUDA-graph capture.
+
+The tensor-parallel tex.Linear (column + row) and tex.MLP: in plain precision against float64; under each recipe
+against the unsharded layers under the same recipe and against float64 within the recipe's tolerance, overlapped =
+non-overlapped bit for bit, and, for delayed scaling, the same scales on every rank (check_tp_recipes)."""
+import collections
+import contextlib
 import math
 import os
 import tempfile
@@ -182,9 +188,177 @@ def check_tp_layers(tex, rank, tp, device):
         tex.Linear(h, f, parallel_mode="column")
     with pytest.raises(ValueError, match=rf"splits out_features={f + 1} over tp={tp} ranks"):
         tex.Linear(h, f + 1, tp_group=group, parallel_mode="column")
-    with pytest.raises(NotImplementedError, match=r"a recipe \(tex.autocast\) with parallel_mode='row'"):
-        with tex.autocast(recipe=tex.Float8CurrentScaling()):
+    # under a recipe the GEMM dims that must align are this rank's (in_features/tp = 16 here: not a multiple of 32)
+    misaligned = r"MXFP8BlockScaling every GEMM dim must be a multiple of 32.*in_features/tp=16"
+    with pytest.raises(ValueError, match=misaligned):
+        with tex.autocast(recipe=tex.MXFP8BlockScaling()):
             tex.Linear(f, h, tp_group=group, parallel_mode="row", device=device)(torch.zeros(s, f // tp, device=device))
+
+
+# ---- tensor-parallel layers under every recipe ------------------------------------------------------------------
+# name -> (recipe, tolerance of the forward output, of the gradients, float64 factor): normwise, relative to
+# max |reference|: the SPEC §9 rtol of the format each pass runs in (HYBRID: E4M3 forward, E5M2 gradients), times a
+# factor against float64 — 1, except NVFP4's 2: each FP4 GEMM's two operands carry errors up to a sixth of their
+# block's max and dx passes three such GEMMs (measured: up to 0.35 for the unsharded layer too).
+RECIPES = {
+    "delayed": (lambda tex: tex.DelayedScaling(amax_history_len=4), 0.125, 0.25, 1),
+    "current": (lambda tex: tex.Float8CurrentScaling(), 0.125, 0.25, 1),
+    "mxfp8": (lambda tex: tex.MXFP8BlockScaling(), 0.125, 0.125, 1),
+    "fp8_block": (lambda tex: tex.Float8BlockScaling(), 0.125, 0.125, 1),
+    "nvfp4": (lambda tex: tex.NVFP4BlockScaling(), 0.25, 0.25, 2),
+}
+
+
+@contextlib.contextmanager
+def _count_collective_gemms(tex):
+    """Counts the layers' calls of tex.collective.all_gather_gemm / gemm_reduce_scatter (looked up at each call)."""
+    calls = collections.Counter()
+    names = ("all_gather_gemm", "gemm_reduce_scatter")
+    originals = {n: getattr(tex.collective, n) for n in names}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return originals[name](*args, **kwargs)
+        return call
+
+    for n in names:
+        setattr(tex.collective, n, counting(n))
+    try:
+        yield calls
+    finally:
+        for n in names:
+            setattr(tex.collective, n, originals[n])
+
+
+def _gelu64(h):
+    return 0.5 * h * (1 + torch.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
+
+
+def _run_tp_model(tex, kind, recipe, params, x, g, steps, group=None, sp=False, overlap=True):
+    """`kind` "pair" (column Linear → gelu → row Linear) or "mlp" (tex.MLP gelu), bf16, run `steps` training steps
+    under `recipe` (unsharded when group is None, else this rank's shards). Returns (results of the last step: y and
+    every gradient, the layers). Random bits (NVFP4's stochastic rounding) are seeded alike in every run."""
+    import torch.distributed as dist
+
+    w1, b1, w2, b2 = params
+    f, h = w1.shape
+    tp, rank = (1, 0) if group is None else (group.size(), dist.get_rank(group))
+    fs = slice(rank * f // tp, (rank + 1) * f // tp)
+    rows = slice(rank * x.shape[0] // tp, (rank + 1) * x.shape[0] // tp) if sp else slice(None)
+    kw = dict(params_dtype=torch.bfloat16)
+    if group is not None:
+        kw.update(tp_group=group, sequence_parallel=sp, comm_overlap=overlap)
+    if kind == "pair":
+        fc1 = tex.Linear(h, f, parallel_mode=None if group is None else "column", **kw)
+        fc2 = tex.Linear(f, h, parallel_mode=None if group is None else "row", **kw)
+        layers = (fc1, fc2)
+        ps = (fc1.weight, fc1.bias, fc2.weight, fc2.bias)
+        model = lambda t: fc2(torch.nn.functional.gelu(fc1(t), approximate="tanh"))  # noqa: E731
+    else:
+        mlp = tex.MLP(h, f, "gelu", **kw)
+        layers = (mlp,)
+        ps = (mlp.fc1_weight, mlp.fc1_bias, mlp.fc2_weight, mlp.fc2_bias)
+        model = mlp
+    with torch.no_grad():
+        for p, full, sl in zip(ps, params, ((fs,), (fs,), (slice(None), fs), (slice(None),))):
+            p.copy_(full[sl])
+    for _ in range(steps):
+        for p in ps:
+            p.grad = None
+        torch.manual_seed(5)
+        xin = x[rows].clone().requires_grad_()
+        with tex.autocast(recipe=recipe):
+            y = model(xin)
+        y.backward(g[rows])
+    return dict(y=y.detach(), dx=xin.grad, w1=ps[0].grad, b1=ps[1].grad, w2=ps[2].grad, b2=ps[3].grad), layers
+
+
+def check_tp_recipes(tex, rank, tp, device, names=tuple(RECIPES)):
+    """Tensor-parallel tex.Linear (column + row pair) and tex.MLP under each recipe, with and without sequence
+    parallelism, forward and backward: against the unsharded layers under the same recipe and against float64, within
+    the recipe's tolerance; comm_overlap=True bit for bit comm_overlap=False; under delayed scaling every rank holds
+    the same scales after two steps, and the unsharded layers' (the TP-reduced amaxes are the unsharded ones)."""
+    import torch.distributed as dist
+
+    group = dist.group.WORLD
+    s, b, h, f = 16 * tp, 2, 64, 64 * tp  # [seq, batch, hidden], ffn: ffn/tp = 64, tokens 32·tp
+    gen = torch.Generator().manual_seed(31)
+    rnd = lambda *shape: (torch.rand(*shape, generator=gen) * 2 - 1).bfloat16().to(device)  # noqa: E731
+    params = (rnd(f, h), rnd(f) * 0.1, rnd(h, f) * 0.25, rnd(h) * 0.1)
+    x, g = rnd(s, b, h), rnd(s, b, h)
+    fs = slice(rank * f // tp, (rank + 1) * f // tp)
+    ss = slice(rank * s // tp, (rank + 1) * s // tp)
+    # float64 references of both models
+    ref64 = {}
+    for kind in ("pair", "mlp"):
+        x64 = x.double().requires_grad_()
+        p64 = [t.double().requires_grad_() for t in params]
+        hh = torch.nn.functional.linear(x64, p64[0], p64[1])
+        y64 = torch.nn.functional.linear(_gelu64(hh), p64[2], p64[3])
+        (y64 * g.double()).sum().backward()
+        ref64[kind] = dict(y=y64.detach(), dx=x64.grad, w1=p64[0].grad, b1=p64[1].grad, w2=p64[2].grad,
+                           b2=p64[3].grad)
+    failures = []
+    for name in names:
+        make, tol_fwd, tol_bwd, factor64 = RECIPES[name]
+        recipe = make(tex)
+        steps = 2 if name == "delayed" else 1
+        try:
+            for kind in ("pair", "mlp"):
+                full, full_layers = _run_tp_model(tex, kind, recipe, params, x, g, steps)
+                for sp in (True, False):
+                    rows = ss if sp else slice(None)
+                    pieces = dict(y=(rows,), dx=(rows,), w1=(fs,), b1=(fs,), w2=(slice(None), fs), b2=(slice(None),))
+                    with _count_collective_gemms(tex) as calls:
+                        got, layers = _run_tp_model(tex, kind, recipe, params, x, g, steps, group, sp, overlap=True)
+                    what = f"rank {rank} {name} TP {kind} sp={sp}"
+                    for key, sl in pieces.items():
+                        tol = tol_fwd if key == "y" else tol_bwd
+                        _assert_close(got[key], full[key][sl].double(), f"{what}: {key} vs the unsharded layer", tol)
+                        _assert_close(got[key], ref64[kind][key][sl], f"{what}: {key} vs float64", tol * factor64)
+                    # sequence parallel + per-tensor FP8: forward and backward on the collective GEMM core (one
+                    # all-gather ring and one reduce-scatter ring each way per step); else torch.distributed's exchanges
+                    ring = sp and name in ("delayed", "current")
+                    want = {"all_gather_gemm": 2 * steps, "gemm_reduce_scatter": 2 * steps} if ring else {}
+                    assert dict(calls) == want, f"{what}: collective GEMM calls {dict(calls)}, expected {want}"
+                    if sp:  # the overlapped rings (per-tensor FP8) and the non-overlapped exchanges: the same bytes
+                        again, _ = _run_tp_model(tex, kind, recipe, params, x, g, steps, group, sp, overlap=False)
+                        for key in pieces:
+                            assert torch.equal(got[key], again[key]), f"{what}: {key} comm_overlap True != False"
+                    if name == "delayed":
+                        for layer, ref in zip(layers, full_layers):
+                            for buf in ("fp8_fwd_scale", "fp8_bwd_scale", "fp8_fwd_amax_history",
+                                        "fp8_bwd_amax_history"):
+                                mine = getattr(layer, buf)
+                                every = [torch.empty_like(mine) for _ in range(tp)]
+                                dist.all_gather(every, mine.contiguous(), group=group)
+                                assert all(torch.equal(e, mine) for e in every), f"{what}: {buf} differs between ranks"
+                            assert not torch.equal(layer.fp8_fwd_scale, torch.ones_like(layer.fp8_fwd_scale)), \
+                                f"{what}: the forward scales were never updated"
+                            assert not torch.equal(layer.fp8_bwd_scale, torch.ones_like(layer.fp8_bwd_scale)), \
+                                f"{what}: the backward scales were never updated"
+                            torch.testing.assert_close(layer.fp8_fwd_scale, ref.fp8_fwd_scale, rtol=2 ** -6, atol=0,
+                                                       msg=lambda m: f"{what}: forward scales vs unsharded: {m}")
+                            torch.testing.assert_close(layer.fp8_bwd_scale, ref.fp8_bwd_scale, rtol=2 ** -6, atol=0,
+                                                       msg=lambda m: f"{what}: backward scales vs unsharded: {m}")
+            if name == "current":
+                # A sequence-parallel row layer whose input needs no gradient has no dgrad ring to gather dy through:
+                # it gathers dy in bf16 and quantizes it whole. The ring's FP8 shards share the scale of the reduced
+                # amax, so both hold the same codes and the weight gradients are equal bit for bit.
+                a_full, dws = rnd(s, b, f // tp), []
+                for needs_dx in (True, False):
+                    row = tex.Linear(f, h, tp_group=group, parallel_mode="row", sequence_parallel=True,
+                                     params_dtype=torch.bfloat16)
+                    with torch.no_grad():
+                        row.weight.copy_(params[2][:, fs])
+                    with tex.autocast(recipe=recipe):
+                        row(a_full.clone().requires_grad_(needs_dx)).backward(g[ss])
+                    dws.append(row.weight.grad)
+                assert torch.equal(dws[0], dws[1]), f"rank {rank} current: the row layer's dw differs without dx"
+        except Exception:  # noqa: BLE001  (every recipe runs; the failures are reported together)
+            failures.append(f"{name}:\n{traceback.format_exc()}")
+    assert not failures, "\n".join(failures)
 
 
 def _assert_close(got, want, what, rel=2 ** -7):
@@ -194,7 +368,7 @@ def _assert_close(got, want, what, rel=2 ** -7):
     assert (got.double() - want.flip(0)).abs().max().item() > bound, f"{what}: the check would not catch it"
 
 
-def worker(rank, tp, init_file, results, backend):
+def worker(rank, tp, init_file, results, backend, base=True, recipes=()):
     import torch.distributed as dist
 
     try:
@@ -206,8 +380,11 @@ def worker(rank, tp, init_file, results, backend):
             device = f"cuda:{rank}"
         dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=tp,
                                 **({"device_id": torch.device(device)} if backend == "nccl" else {}))
-        check_rank(tex_module(), rank, tp, device)
-        check_tp_layers(tex_module(), rank, tp, device)
+        if base:
+            check_rank(tex_module(), rank, tp, device)
+            check_tp_layers(tex_module(), rank, tp, device)
+        if recipes:
+            check_tp_recipes(tex_module(), rank, tp, device, recipes)
         results[rank] = "ok"
         dist.barrier()
         dist.destroy_process_group()
@@ -215,11 +392,12 @@ def worker(rank, tp, init_file, results, backend):
         results[rank] = traceback.format_exc()
 
 
-def run_ranks(tp, backend):
+def run_ranks(tp, backend, base=True, recipes=()):
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as d, ctx.Manager() as manager:
         results = manager.dict()
-        procs = [ctx.Process(target=worker, args=(r, tp, os.path.join(d, "init"), results, backend))
+        procs = [ctx.Process(target=worker, args=(r, tp, os.path.join(d, "init"), results, backend, base,
+                                                      recipes))
                  for r in range(tp)]
         for p in procs:
             p.start()
@@ -236,7 +414,14 @@ def run_ranks(tp, backend):
 
 @pytest.mark.parametrize("tp", [2, 4])
 def test_collective_gemm_gloo(tp):
-    run_ranks(tp, "gloo")
+    """The collective ops and the TP layers in plain precision; tp = 4 also runs the TP layers under DelayedScaling
+    (the four-rank rings and the amax reduction over four ranks; the other recipes run at tp = 2 below)."""
+    run_ranks(tp, "gloo", recipes=("delayed",) if tp == 4 else ())
+
+
+def test_tp_layers_recipes_gloo():
+    """Tensor-parallel tex.Linear and tex.MLP under every recipe, tp = 2 (check_tp_recipes)."""
+    run_ranks(2, "gloo", base=False, recipes=tuple(RECIPES))
 
 
 @pytest.mark.multigpu
