@@ -368,6 +368,24 @@ def _assert_close(got, want, what, rel=2 ** -7):
     assert (got.double() - want.flip(0)).abs().max().item() > bound, f"{what}: the check would not catch it"
 
 
+def check_graph_capture(tex, rank, tp, device):
+    """NCCL: the rings captured in one CUDA graph (the exchanges stream-ordered, no host sync) and replayed give the
+    eager call's bytes, all-gather and reduce-scatter, with the agreement check off (it reads a value back)."""
+    x_full, w_full = full_operands(tp, device)
+    m = M_PER_RANK
+    xa, wa = x_full[rank * m:(rank + 1) * m, :K].contiguous(), w_full[:, :K].contiguous()
+    xr, wr = x_full[:, rank * K:(rank + 1) * K].contiguous(), w_full[:, rank * K:(rank + 1) * K].contiguous()
+    calls = (lambda: tex.all_gather_gemm(xa, wa, validate=False),
+             lambda: tex.gemm_reduce_scatter(xr, wr, validate=False))
+    for name, fn in zip(("AG", "RS"), calls):
+        graph, out = capture_graph(fn)
+        want = fn()
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), f"rank {rank}: {name} graph replay differs from the eager call"
+
+
 def worker(rank, tp, init_file, results, backend, base=True, recipes=()):
     import torch.distributed as dist
 
@@ -385,6 +403,8 @@ def worker(rank, tp, init_file, results, backend, base=True, recipes=()):
             check_tp_layers(tex_module(), rank, tp, device)
         if recipes:
             check_tp_recipes(tex_module(), rank, tp, device, recipes)
+        if backend == "nccl":
+            check_graph_capture(tex_module(), rank, tp, device)
         results[rank] = "ok"
         dist.barrier()
         dist.destroy_process_group()
@@ -427,10 +447,11 @@ def test_tp_layers_recipes_gloo():
 @pytest.mark.multigpu
 @pytest.mark.parametrize("tp", [2, 4, 8])
 def test_collective_gemm_nccl(tp):
-    """The same checks with NCCL, one process per GPU (torch.distributed's communicator carries the ring)."""
+    """The same checks with NCCL, one process per GPU (torch.distributed's communicator carries the ring): the ops,
+    the TP layers in plain precision and under every recipe, and the rings under CUDA-graph capture."""
     if torch.cuda.device_count() < tp:
         pytest.skip(f"needs {tp} GPUs, {torch.cuda.device_count()} visible")
-    run_ranks(tp, "nccl")
+    run_ranks(tp, "nccl", recipes=tuple(RECIPES))
 
 
 # ---- one GPU: the loopback transport ------------------------------------------------------------------------------
