@@ -117,25 +117,29 @@ COLUMNS = [("case", "case", "{}"), ("ours us", "ours_us", "{:.1f}"), ("non-overl
 
 
 # ---- several GPUs: torchrun, one process per GPU, NCCL ---------------------------------------------------------
-def fixed_us(fn, iters=10, warmup=3):
-    """Median GPU time per call over a fixed count (every rank runs the same number of collective calls)."""
+def interleaved_us(fns, rounds=12, warmup=2):
+    """{name: median GPU time per call} over `rounds` rounds that each time every fn once (CUDA events), so that clock
+    and thermal drift fall on every fn alike; every rank runs the same calls, and the slowest rank's median counts
+    (the layer waits for it)."""
     import torch.distributed as dist
 
     for _ in range(warmup):
-        fn()
+        for fn in fns.values():
+            fn()
     torch.cuda.synchronize()
     dist.barrier()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(1000.0 * s.elapsed_time(e))
-    t = torch.tensor([sorted(times)[len(times) // 2]], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's median: the layer waits for it
-    return float(t.item())
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            times[k].append(1000.0 * s.elapsed_time(e))
+    med = torch.tensor([sorted(v)[len(v) // 2] for v in times.values()], device="cuda")
+    dist.all_reduce(med, op=dist.ReduceOp.MAX)
+    return dict(zip(fns, med.tolist()))
 
 
 def nccl_case(tex, kind, shape, fmt, tp, rank, group, margins=()):
@@ -194,17 +198,19 @@ def nccl_case(tex, kind, shape, fmt, tp, rank, group, margins=()):
     except Exception as e:  # noqa: BLE001
         row["note"] += f"{type(e).__name__}: {e}"
         return row
+    row["valid"] = True
+    fns = {"ours": ours, "base": base, "gemm": alone, "comm": comm}
+    if fused is not None:
+        try:
+            fused()
+            fns["fused"] = fused
+        except Exception as e:  # noqa: BLE001
+            row["note"] += f"fused: {type(e).__name__}: {str(e)[:120]}; "
     # The SMs the chunk GEMMs leave to NCCL (ours = the core's default; the sweep shows the choice).
     for mg in margins:
-        row[f"ours_us_margin{mg}"] = fixed_us(lambda: ours(mg))
-    row["valid"] = True
-    for key, fn in (("ours", ours), ("base", base), ("gemm", alone), ("comm", comm), ("fused", fused)):
-        if fn is None:
-            continue
-        try:
-            row[f"{key}_us"] = fixed_us(fn)
-        except Exception as e:  # noqa: BLE001
-            row["note"] += f"{key}: {type(e).__name__}: {str(e)[:120]}; "
+        fns[f"margin{mg}"] = (lambda v: lambda: ours(v))(mg)
+    for k, us in interleaved_us(fns).items():
+        row[f"ours_us_{k}" if k.startswith("margin") else f"{k}_us"] = us
     if "fused_us" in row:
         row["ours_over_fused"] = row["fused_us"] / row["ours_us"]
     row["speedup_vs_base"] = row["base_us"] / row["ours_us"]
@@ -257,16 +263,18 @@ def main_nccl(args):
 
 
 # ---- JAX: one process driving every GPU ------------------------------------------------------------------------
-def _jax_us(fn, *args, iters=10, warmup=3):
-    """Median wall time of one call (each synchronised), in us."""
+def _jax_interleaved_us(fns, rounds=12, warmup=2):
+    """{name: median wall time of one synchronised call, us}, every fn timed once per round (drift falls alike)."""
     for _ in range(warmup):
-        fn(*args).block_until_ready()
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn(*args).block_until_ready()
-        times.append(1e6 * (time.perf_counter() - t))
-    return sorted(times)[len(times) // 2]
+        for fn, args in fns.values():
+            fn(*args).block_until_ready()
+    times = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, (fn, args) in fns.items():
+            t = time.perf_counter()
+            fn(*args).block_until_ready()
+            times[k].append(1e6 * (time.perf_counter() - t))
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
 
 
 def jax_case(kind, shape, fmt, tp):
@@ -322,16 +330,16 @@ def jax_case(kind, shape, fmt, tp):
         H.log(f"FAIL  {name}: {row['note']}")
         return row
     row["valid"] = True
-    row["ours_us"] = _jax_us(ours, x, w)
-    row["base_us"] = _jax_us(base, x, w)
-    if ring is not None:
-        row["ring_us"] = _jax_us(ring, x, w)
-    if fmt == "bf16":
-        row["xla_us"] = _jax_us(xla, x, w)
     gemm1 = jax.jit(lambda x, w: tej.gemm(x, w, ((1,), (1,))))
-    row["gemm_us"] = _jax_us(gemm1, local_x, local_w)
+    fns = {"ours": (ours, (x, w)), "base": (base, (x, w)), "gemm": (gemm1, (local_x, local_w))}
+    if ring is not None:
+        fns["ring"] = (ring, (x, w))
+    if fmt == "bf16":
+        fns["xla"] = (xla, (x, w))
     if gather is not None:
-        row["comm_us"] = _jax_us(gather, *comm_args)
+        fns["comm"] = (gather, comm_args)
+    for k, us in _jax_interleaved_us(fns).items():
+        row[f"{k}_us"] = us
     row["speedup_vs_base"] = row["base_us"] / row["ours_us"]
     row["ours_over_gemm"] = row["ours_us"] / row["gemm_us"]
     if "ring_us" in row:

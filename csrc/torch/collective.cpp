@@ -27,21 +27,30 @@ class C10dTransport : public te::comm::Transport {
       recv.push_back(at::from_blob(segs[i].recv, {int64_t(segs[i].bytes)}, bytes_));
     }
     const bool cuda = bytes_.device().is_cuda();
+    if (step >= int(works_.size())) works_.resize(size_t(step) + 1);
+    auto& works = works_[size_t(step)];
     if (cuda) pg_->startCoalescing(c10::DeviceType::CUDA);
     for (int i = 0; i < n; ++i) {
       std::vector<Tensor> s{send[i]}, r{recv[i]};
       auto ws = pg_->send(s, to, step * 4 + i);
       auto wr = pg_->recv(r, from, step * 4 + i);
       if (!cuda) {
-        works_.push_back(ws);
-        works_.push_back(wr);
+        works.push_back(ws);
+        works.push_back(wr);
       }
     }
-    if (cuda) works_.push_back(pg_->endCoalescing(c10::DeviceType::CUDA));
+    if (cuda) works.push_back(pg_->endCoalescing(c10::DeviceType::CUDA));
   }
 
+  // NCCL: the exchanges are ordered on the process group's stream, so all of a call's may be in flight.
+  bool pipelined() const override { return bytes_.device().is_cuda(); }
+  void wait_for(int step) override {
+    if (step < 0 || step >= int(works_.size())) return;
+    for (auto& w : works_[size_t(step)]) w->wait();
+    works_[size_t(step)].clear();
+  }
   void wait() override {
-    for (auto& w : works_) w->wait();
+    for (int step = 0; step < int(works_.size()); ++step) wait_for(step);
     works_.clear();
   }
   int default_sm_margin() const override { return bytes_.device().is_cuda() ? te::comm::kNcclSmMargin : 0; }
@@ -49,7 +58,7 @@ class C10dTransport : public te::comm::Transport {
  private:
   c10::intrusive_ptr<c10d::ProcessGroup> pg_;
   at::TensorOptions bytes_;
-  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+  std::vector<std::vector<c10::intrusive_ptr<c10d::Work>>> works_;  // per exchange
 };
 
 te::ops::CollectiveOperand operand(const Tensor& t, const c10::optional<Tensor>& scale_inv, int64_t code,

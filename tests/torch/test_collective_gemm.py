@@ -246,7 +246,7 @@ def _run_tp_model(tex, kind, recipe, params, x, g, steps, group=None, sp=False, 
     tp, rank = (1, 0) if group is None else (group.size(), dist.get_rank(group))
     fs = slice(rank * f // tp, (rank + 1) * f // tp)
     rows = slice(rank * x.shape[0] // tp, (rank + 1) * x.shape[0] // tp) if sp else slice(None)
-    kw = dict(params_dtype=torch.bfloat16)
+    kw = dict(params_dtype=torch.bfloat16, device=x.device)
     if group is not None:
         kw.update(tp_group=group, sequence_parallel=sp, comm_overlap=overlap)
     if kind == "pair":

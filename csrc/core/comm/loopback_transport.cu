@@ -15,13 +15,15 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) core_fail(std::string("collective GEMM loopback: ") + what + " failed: " + cudaGetErrorString(e));
 }
 
-// The copy stream and the two events of this thread on the current device, made once (creating them inside a CUDA
-// graph capture would be legal but slow; reusing them is safe because a transport has one exchange in flight and
-// one thread drives one collective at a time).
+// The copy stream and the events of this thread on the current device, made once (creating them inside a CUDA graph
+// capture would be legal but slow; reusing them is safe because one thread drives one collective at a time): `ready`
+// marks the caller's work before an exchange, done[i] the copies of exchange i.
+constexpr int kMaxSteps = 64;
 struct Resources {
   int device = -1;
   cudaStream_t stream = nullptr;
-  cudaEvent_t ready = nullptr, done = nullptr;
+  cudaEvent_t ready = nullptr;
+  cudaEvent_t done[kMaxSteps] = {};
 };
 
 Resources& resources() {
@@ -33,7 +35,7 @@ Resources& resources() {
     r.device = dev;
     check(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking), "cudaStreamCreate");
     check(cudaEventCreateWithFlags(&r.ready, cudaEventDisableTiming), "cudaEventCreate");
-    check(cudaEventCreateWithFlags(&r.done, cudaEventDisableTiming), "cudaEventCreate");
+    for (cudaEvent_t& e : r.done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
   }
   return r;
 }
@@ -43,10 +45,9 @@ Resources& resources() {
 LoopbackTransport::LoopbackTransport(int rank, int size, void* stream, const LoopbackSource* sources, int n)
     : rank_(rank), size_(size), stream_(stream), n_sources_(n) {
   if (n < 0 || n > kMaxSegments) core_fail("collective GEMM loopback: at most 2 segments per exchange");
+  if (size > kMaxSteps) core_fail("collective GEMM loopback: at most 64 simulated ranks");
   for (int i = 0; i < n; ++i) sources_[i] = sources[i];
-  Resources& r = resources();
-  ready_ = r.ready;
-  done_ = r.done;
+  resources();  // made now, outside any capture
 }
 
 LoopbackTransport::~LoopbackTransport() = default;
@@ -55,8 +56,8 @@ void LoopbackTransport::start(int step, const Segment* segs, int n, int /*to*/, 
   if (n > n_sources_) core_fail("collective GEMM loopback: an exchange has more segments than sources were given");
   Resources& r = resources();
   const cudaStream_t caller = static_cast<cudaStream_t>(stream_);
-  check(cudaEventRecord(static_cast<cudaEvent_t>(ready_), caller), "cudaEventRecord");
-  check(cudaStreamWaitEvent(r.stream, static_cast<cudaEvent_t>(ready_), 0), "cudaStreamWaitEvent");
+  check(cudaEventRecord(r.ready, caller), "cudaEventRecord");
+  check(cudaStreamWaitEvent(r.stream, r.ready, 0), "cudaStreamWaitEvent");
   const int chunk = ag_chunk(rank_, size_, step + 1);  // the chunk this exchange brings (all-gather)
   for (int s = 0; s < n; ++s) {
     const LoopbackSource& src = sources_[s];
@@ -64,12 +65,18 @@ void LoopbackTransport::start(int step, const Segment* segs, int n, int /*to*/, 
     const char* from = static_cast<const char*>(src.base) + index * src.stride;
     check(cudaMemcpyAsync(segs[s].recv, from, segs[s].bytes, cudaMemcpyDeviceToDevice, r.stream), "cudaMemcpyAsync");
   }
-  check(cudaEventRecord(static_cast<cudaEvent_t>(done_), r.stream), "cudaEventRecord");
+  check(cudaEventRecord(r.done[step % kMaxSteps], r.stream), "cudaEventRecord");
+  last_ = step;
+}
+
+void LoopbackTransport::wait_for(int step) {
+  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), resources().done[step % kMaxSteps], 0),
+        "cudaStreamWaitEvent");
 }
 
 void LoopbackTransport::wait() {
-  check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream_), static_cast<cudaEvent_t>(done_), 0),
-        "cudaStreamWaitEvent");
+  if (last_ >= 0) wait_for(last_);  // the copy stream is in order: the last exchange's event covers the others
+  last_ = -1;
 }
 
 }  // namespace comm

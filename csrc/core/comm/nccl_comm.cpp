@@ -64,8 +64,9 @@ void check_cuda(cudaError_t e, const char* what) {
 struct Member {
   ncclComm_t comm = nullptr;
   int rank = 0, size = 0;
-  cudaStream_t stream = nullptr;  // the exchanges' own stream
-  cudaEvent_t ready = nullptr, done = nullptr;
+  cudaStream_t stream = nullptr;  // the exchanges' own stream (highest priority: its kernels go first to free SMs)
+  cudaEvent_t ready = nullptr;    // the caller's work before an exchange
+  std::vector<cudaEvent_t> done;  // [size]: exchange i of a call (a call has size − 1)
 };
 
 struct Registry {
@@ -80,12 +81,14 @@ Registry& registry() {
 
 class NcclTransport : public Transport {
  public:
-  NcclTransport(const Member& m, cudaStream_t stream) : m_(m), stream_(stream) {}
+  NcclTransport(const Member& m, cudaStream_t stream) : m_(m), stream_(stream) {}  // m: a registry entry (stable)
   int rank() const override { return m_.rank; }
   int size() const override { return m_.size; }
 
-  void start(int, const Segment* segs, int n, int to, int from) override {
+  void start(int step, const Segment* segs, int n, int to, int from) override {
     const Api& a = loaded_api("NCCL transport");
+    if (step < 0 || step >= int(m_.done.size())) core_fail("NCCL transport: exchange " + std::to_string(step) +
+                                                           " of a ring of " + std::to_string(m_.size));
     check_cuda(cudaEventRecord(m_.ready, stream_), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(m_.stream, m_.ready, 0), "cudaStreamWaitEvent");
     check_nccl(a.group_start(), "ncclGroupStart");
@@ -95,15 +98,24 @@ class NcclTransport : public Transport {
       check_nccl(a.recv(segs[i].recv, segs[i].bytes, ncclUint8, from, m_.comm, m_.stream), "ncclRecv");
     }
     check_nccl(a.group_end(), "ncclGroupEnd");
-    check_cuda(cudaEventRecord(m_.done, m_.stream), "cudaEventRecord");
+    check_cuda(cudaEventRecord(m_.done[step], m_.stream), "cudaEventRecord");
+    last_ = step;
   }
 
-  void wait() override { check_cuda(cudaStreamWaitEvent(stream_, m_.done, 0), "cudaStreamWaitEvent"); }
+  bool pipelined() const override { return true; }
+  void wait_for(int step) override {
+    check_cuda(cudaStreamWaitEvent(stream_, m_.done[step], 0), "cudaStreamWaitEvent");
+  }
+  void wait() override {
+    if (last_ >= 0) wait_for(last_);  // one stream: the last exchange's event covers the others
+    last_ = -1;
+  }
   int default_sm_margin() const override { return kNcclSmMargin; }
 
  private:
-  const Member m_;
+  const Member& m_;
   cudaStream_t stream_;
+  int last_ = -1;
 };
 
 template <class T> void resolve(void* lib, const char* name, T* fn, const std::string& path) {
@@ -185,9 +197,12 @@ void nccl_create(int64_t key, const std::string& unique_id, int size, const std:
   std::vector<float*> bufs(members.size() * 2, nullptr);
   for (size_t i = 0; i < members.size(); ++i) {
     check_cuda(cudaSetDevice(members[i].device), "cudaSetDevice");
-    check_cuda(cudaStreamCreateWithFlags(&made[i].stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    int lowest = 0, highest = 0;
+    check_cuda(cudaDeviceGetStreamPriorityRange(&lowest, &highest), "cudaDeviceGetStreamPriorityRange");
+    check_cuda(cudaStreamCreateWithPriority(&made[i].stream, cudaStreamNonBlocking, highest), "cudaStreamCreate");
     check_cuda(cudaEventCreateWithFlags(&made[i].ready, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventCreateWithFlags(&made[i].done, cudaEventDisableTiming), "cudaEventCreate");
+    made[i].done.resize(size_t(size));
+    for (cudaEvent_t& e : made[i].done) check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     check_cuda(cudaMalloc(&bufs[2 * i], 2 * sizeof(float)), "cudaMalloc");
     bufs[2 * i + 1] = bufs[2 * i] + 1;
   }

@@ -3,8 +3,9 @@
 // process group (gloo on the CPU, NCCL on GPUs: csrc/torch/collective.cpp) or the one-GPU loopback below, which keeps
 // the simulated peers' shards in the same GPU's memory and moves them with the copy engine on the same streams and
 // events as a real exchange.
-// Invariant: at most one exchange is in flight; start() is ordered after everything the caller issued before it,
-// and after wait() everything the caller issues next sees the exchange complete. Neither synchronises the host on
+// Invariant: start() is ordered after everything the caller issued before it and after the exchange before it; after
+// wait() (or wait_for(step)) everything the caller issues next sees the exchange(s) complete. A transport that is not
+// pipelined() has at most one exchange in flight. Neither synchronises the host on
 // CUDA (graph-capture safe); on the CPU, wait() is where the host blocks.
 #pragma once
 
@@ -29,7 +30,15 @@ class Transport {
   // Starts exchange number `step` (0, 1, ... within one collective call): every segment sent to rank `to` and
   // received from rank `from`.
   virtual void start(int step, const Segment* segs, int n, int to, int from) = 0;
+  // Makes the caller wait for every exchange started and not yet waited for.
   virtual void wait() = 0;
+  // Stream-ordered transports (the CUDA ones) may have every exchange of a call in flight at once, each ordered after
+  // the one before it on the transport's own stream; wait_for(step) then makes the caller's stream wait for exchange
+  // `step` alone. The all-gather issues all its exchanges before its first GEMM (the chunk exchange i forwards is the
+  // one exchange i − 1 brought), so the ring runs back to back and the GEMMs follow it. false: one exchange in
+  // flight, wait() between them (the host-driven CPU ring).
+  virtual bool pipelined() const { return false; }
+  virtual void wait_for(int /*step*/) { wait(); }
   // The SMs the chunk GEMMs leave free by default while this transport's exchanges run beside them: NCCL's send and
   // receive are kernels that need SMs of their own; copy-engine and host transports need none.
   virtual int default_sm_margin() const { return 0; }
@@ -66,14 +75,15 @@ class LoopbackTransport : public Transport {
   int size() const override { return size_; }
   void start(int step, const Segment* segs, int n, int to, int from) override;
   void wait() override;
+  bool pipelined() const override { return true; }
+  void wait_for(int step) override;
 
  private:
   int rank_, size_;
   void* stream_;
   LoopbackSource sources_[kMaxSegments];
   int n_sources_;
-  void* ready_ = nullptr;  // cudaEvent_t: the caller's work before start()
-  void* done_ = nullptr;   // cudaEvent_t: the copies
+  int last_ = -1;  // the last exchange started
 };
 #endif
 

@@ -222,6 +222,12 @@ struct Runner {
         t.wait();
       }
       for (int step = 0; step < tp; ++step) multiply(step);
+    } else if (t.pipelined()) {  // the whole ring issued first; chunk i's GEMM waits for exchange i − 1 alone
+      for (int step = 0; step + 1 < tp; ++step) exchange(step);
+      for (int step = 0; step < tp; ++step) {
+        if (step > 0) t.wait_for(step - 1);
+        multiply(step);
+      }
     } else {
       for (int step = 0; step < tp; ++step) {
         if (step > 0) t.wait();
