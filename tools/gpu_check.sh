@@ -8,6 +8,8 @@
 #   bench     bench_activations (all three benchmarks with plots: tools/gpu_bench.sh)
 #   multigpu  every test marked `multigpu` (NCCL: torch process groups, JAX one process / one process per GPU)
 #   collective  bench_collective on every visible GPU: torchrun at tp = 2 and tp = all, then the JAX mode
+#   tpmlp     bench_tp_mlp (a tensor-parallel tex.MLP training step, overlap on vs off) at tp = all GPUs
+#   hang      tools/initialize_hang_check.py: 50 fresh JAX processes with and without the initialize stages
 # NVLink multicast stays off in every process (the device tool's rule).
 # Each step has a time limit (seconds): STEP_LIMIT=... (default 500), so a stuck step still leaves its log.
 set -uo pipefail
@@ -66,6 +68,15 @@ for step in $steps; do
       done
       timeout "$limit" python3 benchmarks/bench_collective.py --jax ${BENCH_ARGS:-} --out-dir "$OUT/collective_jax" \
         >"$OUT/collective_jax.log" 2>&1 || rc=1 ;;
+    tpmlp)
+      n=$(nvidia-smi -L | grep -c '^GPU ')
+      NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 timeout "$limit" \
+        torchrun --nproc-per-node="$n" benchmarks/bench_tp_mlp.py ${TPMLP_ARGS:-} --out-dir "$OUT/tp_mlp" \
+        >"$OUT/tp_mlp.log" 2>&1 || rc=1 ;;
+    hang)
+      timeout "$limit" python3 tools/initialize_hang_check.py --json "$OUT/initialize_hang.json" \
+        >"$OUT/hang.log" 2>&1 || rc=1
+      cat "$OUT/hang.log" >>"$OUT/summary.txt" ;;
     *) note "unknown step $step"; rc=1; continue ;;
   esac
   note "$(printf '%-9s %6.1f s' "$step" "$(python3 -c "print($(date +%s.%N) - $t0)")")"

@@ -349,7 +349,7 @@ def check_tp_recipes(tex, rank, tp, device, names=tuple(RECIPES)):
                 a_full, dws = rnd(s, b, f // tp), []
                 for needs_dx in (True, False):
                     row = tex.Linear(f, h, tp_group=group, parallel_mode="row", sequence_parallel=True,
-                                     params_dtype=torch.bfloat16)
+                                     params_dtype=torch.bfloat16, device=device)
                     with torch.no_grad():
                         row.weight.copy_(params[2][:, fs])
                     with tex.autocast(recipe=recipe):

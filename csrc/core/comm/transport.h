@@ -44,9 +44,11 @@ class Transport {
   virtual int default_sm_margin() const { return 0; }
 };
 
-// NCCL's ring send/receive kernels: the SMs a GEMM leaves them (benchmarks/bench_collective.py --sm-margins measures
-// the choice on the GPU machine).
-constexpr int kNcclSmMargin = 16;
+// NCCL's ring send/receive kernels: the SMs a GEMM leaves them. Measured on 4 x H200 (bench_collective.py
+// --sm-margins 0,4,8,16,32, 8192 tokens, hidden 8192, ffn 28672): 8 was the fastest all-gather at tp = 4 (bf16 and
+// FP8); tp = 2 lost 1-5 % against 0-4 (its one exchange starts before any GEMM); 16 and 32 slow the GEMMs more than
+// they help.
+constexpr int kNcclSmMargin = 8;
 
 // The ring's chunk bookkeeping, shared by the schedule and the loopback transport. All-gather: at step i rank r
 // multiplies chunk (r − i) mod p and exchange i brings it chunk (r − i − 1) mod p from rank r − 1.
