@@ -6,6 +6,12 @@ baseline that the FFI form with NCCL must beat on GPUs.
   all_gather_gemm    x [M/tp, K] per rank, w [N/tp, K] per rank (TN: y = x·wᵀ)  → y [M, N/tp] per rank
   gemm_reduce_scatter x [M, K/tp] per rank, w [N, K/tp] per rank                → y [M/tp, N] per rank
 
+The two schedules are `ring_all_gather` and `ring_reduce_scatter`, written once and taking the per-chunk GEMM as a
+function: the functions here call them around tej.gemm, and tej.gemm's own partitioning (gemm.py's sharding block)
+around shard-local te_gemm calls when a jitted call's shardings make it a sequence-parallel column-parallel GEMM
+(all-gather) or a row-parallel one with sequence_parallel=True (reduce-scatter) — which is how tej.dense, tej.mlp and
+tej.flax run tensor + sequence parallel.
+
 Ring schedules (tp ranks, rank r):
 - all-gather: at step s the rank multiplies the chunk it holds — rank (r − s) mod tp's rows — into those output rows
   while sending it on to rank r + 1. Every output row is one GEMM over the full K, so the result is the unsharded
@@ -21,6 +27,7 @@ quantized likewise with its amax reduced over the ring.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -32,7 +39,8 @@ from .gemm import gemm
 from .quantizers import ScalingMode
 from .scaled_tensor import ScaledTensor
 
-__all__ = ["all_gather_gemm", "gemm_reduce_scatter", "all_gather_gemm_sharded", "gemm_reduce_scatter_sharded"]
+__all__ = ["ring_all_gather", "ring_reduce_scatter", "all_gather_gemm", "gemm_reduce_scatter", "all_gather_gemm_sharded",
+           "gemm_reduce_scatter_sharded"]
 
 
 def _ring(tp: int):
@@ -50,48 +58,68 @@ def _quantized(x, quantizer, axis_name):
     return quantize(x, quantizer, amax=amax)
 
 
+def ring_all_gather(chunk, mm, axis_name: str, tp: int, dim: int = 0):
+    """The all-gather ring over `axis_name` (tp ranks, inside shard_map or a custom_partitioning body): this rank's
+    `chunk` travels the ring by ppermute while the chunk received before it is multiplied. `mm(c)` -> a tuple of
+    arrays whose axis `dim` holds c's rows, one call per chunk. Returns mm's results for all_gather(chunk) along
+    `dim` (rank r's rows at block r). tp = 1 is one call, no collective."""
+    r = jax.lax.axis_index(axis_name)
+    outs = None
+    for s in range(tp):
+        nxt = jax.lax.ppermute(chunk, axis_name, _ring(tp)) if s + 1 < tp else None
+        ys = tuple(mm(chunk))
+        if outs is None:
+            outs = [jnp.zeros(y.shape[:dim] + (tp,) + y.shape[dim:], y.dtype) for y in ys]
+        # this chunk holds rank (r − s) mod tp's rows
+        outs = [jax.lax.dynamic_update_index_in_dim(o, y, (r - s) % tp, dim) for o, y in zip(outs, ys)]
+        chunk = nxt
+    return tuple(o.reshape(o.shape[:dim] + (-1,) + o.shape[dim + 2:]) for o in outs)
+
+
+def ring_reduce_scatter(partial, axis_name: str, tp: int):
+    """The reduce-scatter ring over `axis_name` (tp ranks): `partial(c)` -> this rank's FP32 partial product of
+    output chunk c (c traced, in [0, tp)). At step s the rank adds its partial of chunk (r − s − 1) mod tp to the sum
+    received from rank r − 1 and sends it on, so chunk c sums the partials of ranks c + 1, c + 2, …, c in that order
+    (csrc/core/ops/collective_gemm_op.h's order). Returns the full FP32 sum of chunk r, unrounded."""
+    r = jax.lax.axis_index(axis_name)
+    acc = None
+    for s in range(tp):
+        part = partial((r - s - 1) % tp)
+        acc = part if acc is None else acc + part
+        if s + 1 < tp:
+            acc = jax.lax.ppermute(acc, axis_name, _ring(tp))
+    return acc
+
+
 def all_gather_gemm(x, w, axis_name: str, tp: int, *, x_quantizer=None, w_quantizer=None):
     """Inside shard_map over `axis_name` (tp ranks): this rank's x [m, K] and w [n, K] → all_gather(x) · wᵀ [tp·m, n],
     the gather overlapped with the GEMM as a ring (module docstring)."""
-    r = jax.lax.axis_index(axis_name)
     xq = _quantized(x, x_quantizer, axis_name)
     wq = _quantized(w, w_quantizer, axis_name)
     # What travels: plain rows, or FP8 codes (the scale_inv is the same on every rank).
+    if isinstance(xq, ScaledTensor):
+        xq = xq.get_rowwise_tensor()
     chunk = xq.data if isinstance(xq, ScaledTensor) else xq
 
     def mm(c):
-        lhs = c if not isinstance(xq, ScaledTensor) else ScaledTensor(c, xq.scale_inv, None, None, xq.amax, None,
-                                                                      xq.scaling_mode, xq.q_layout, xq.shape,
-                                                                      xq.dq_dtype)
-        return gemm(lhs, wq, ((1,), (1,)))
+        lhs = dataclasses.replace(xq, data=c) if isinstance(xq, ScaledTensor) else c
+        return (gemm(lhs, wq, ((1,), (1,))),)
 
-    m = x.shape[0]
-    out = None
-    for s in range(tp):
-        nxt = jax.lax.ppermute(chunk, axis_name, _ring(tp)) if s + 1 < tp else None
-        y = mm(chunk)
-        if out is None:
-            out = jnp.zeros((tp, m, y.shape[1]), y.dtype)
-        out = jax.lax.dynamic_update_index_in_dim(out, y, (r - s) % tp, 0)
-        chunk = nxt
-    return out.reshape(tp * m, -1)
+    (out,) = ring_all_gather(chunk, mm, axis_name, tp)
+    return out
 
 
 def gemm_reduce_scatter(x, w, axis_name: str, tp: int, *, out_dtype=None):
     """Inside shard_map over `axis_name` (tp ranks): this rank's x [M, k] and w [N, k] (its share of K) →
     reduce_scatter(x · wᵀ) [M/tp, N] for this rank's rows, the reduction overlapped with the GEMMs as a ring of FP32
     partial sums (module docstring)."""
-    r = jax.lax.axis_index(axis_name)
     m = x.shape[0] // tp
-    acc = None
-    for s in range(tp):
-        c = (r - s - 1) % tp
+
+    def partial(c):
         rows = jax.lax.dynamic_slice_in_dim(x, c * m, m, 0)
-        part = gemm(rows, w, ((1,), (1,)), out_dtype=jnp.float32)
-        acc = part if acc is None else acc + part
-        if s + 1 < tp:
-            acc = jax.lax.ppermute(acc, axis_name, _ring(tp))
-    return acc.astype(out_dtype or x.dtype)
+        return gemm(rows, w, ((1,), (1,)), out_dtype=jnp.float32)
+
+    return ring_reduce_scatter(partial, axis_name, tp).astype(out_dtype or x.dtype)
 
 
 def _shard_map(f, mesh, in_specs, out_specs):

@@ -39,6 +39,7 @@ __all__ = ["dense"]
 
 _EMULATED = (ScalingMode.MXFP8_1D_SCALING, ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
 _BLOCK = (ScalingMode.BLOCK_SCALING_1x128, ScalingMode.BLOCK_SCALING_128x128)
+_PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)
 _FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # Every GEMM dim (K, N, and the token count: the wgrad's contraction dim) must be a multiple of this (SPEC §6.5).
 _ALIGNMENT = {ScalingMode.DELAYED_TENSOR_SCALING: 16, ScalingMode.CURRENT_TENSOR_SCALING: 16,
@@ -91,17 +92,35 @@ def copy_for(t, contract_last: bool):
     return t.get_rowwise_tensor() if contract_last else t.get_colwise_tensor()
 
 
-def as_matrix(t: ScaledTensor, rows: int, cols: int) -> ScaledTensor:
-    """A ScaledTensor of a [..., A, F] kernel result seen as the [rows, cols] matrix the core quantized (its bytes
-    and scales are laid out for that 2-D shape)."""
-    return dataclasses.replace(t, shape=(rows, cols))
+def as_matrix(t: ScaledTensor, lead: tuple, cols: int) -> ScaledTensor:
+    """A ScaledTensor of a [*lead, A, F] kernel result seen as the [*lead, cols] array whose [prod(lead), cols]
+    matrix the core quantized (its bytes and scales are laid out for that 2-D shape)."""
+    return dataclasses.replace(t, shape=tuple(lead) + (cols,))
+
+
+def keeps_leading_dims(qs, lead: tuple) -> bool:
+    """Whether a layer passes x's leading (token) dims to its GEMMs as they are, rather than flattened to one: with
+    several of them, unquantized or FP8 per tensor (whose cast is elementwise), so that a sequence dim sharded under
+    an unsharded batch dim stays sharded (tej.gemm's rings split it). The other formats' scales are laid out for the
+    flattened [tokens, K] matrix."""
+    return len(lead) > 1 and (qs is None or qs.x.scaling_mode in _PER_TENSOR)
+
+
+def flat(t):
+    """A plain [..., C] array as [prod(...), C] (ScaledTensors as they are: the GEMM flattens them)."""
+    return t if isinstance(t, ScaledTensor) else t.reshape(-1, t.shape[-1])
+
+
+def lead_dims(t) -> tuple:
+    """The contracting dims of a wgrad operand [..., C]: all its leading dims."""
+    return tuple(range(len(t.shape) - 1))
 
 
 def _emulated(lhs, rhs, dims, dtype, bias):
     """The GEMM on the dequantized copies (float32, exact), accumulated in float32, rounded once to dtype."""
     (lc,), (rc,) = dims
-    a = copy_for(lhs, lc == 1).dequantize(jnp.float32)
-    b = copy_for(rhs, rc == 1).dequantize(jnp.float32)
+    a = copy_for(lhs, lc == len(lhs.shape) - 1).dequantize(jnp.float32)
+    b = copy_for(rhs, rc == len(rhs.shape) - 1).dequantize(jnp.float32)
     out = jax.lax.dot_general(a, b, (dims, ((), ())), precision=jax.lax.Precision.HIGHEST,
                               preferred_element_type=jnp.float32)
     if bias is not None:
@@ -109,9 +128,9 @@ def _emulated(lhs, rhs, dims, dtype, bias):
     return out.astype(dtype)
 
 
-def mm(lhs, rhs, dims, dtype, gemm_kind: str, bias=None):
+def mm(lhs, rhs, dims, dtype, gemm_kind: str, bias=None, sequence_parallel=False):
     """2-D lhs·rhs contracted over dims ((a,), (b,)), out in `dtype`: tej.gemm, or the emulation for the formats it
-    does not run here."""
+    does not run here. sequence_parallel: tej.gemm's (a row-parallel GEMM reduce-scatters its output along M)."""
     if isinstance(lhs, ScaledTensor):
         modes = (lhs.scaling_mode, rhs.scaling_mode)
         if any(m in _EMULATED for m in modes):
@@ -121,7 +140,8 @@ def mm(lhs, rhs, dims, dtype, gemm_kind: str, bias=None):
                 return gemm(lhs, rhs, dims, bias=bias)
             except NotImplementedError:  # the CPU kernel has no FP8 block GEMM (SPEC §6.6)
                 return _emulated(lhs, rhs, dims, dtype, bias)
-    return gemm(lhs, rhs, dims, bias=bias, use_split_accumulator=_SPLIT[gemm_kind])
+    return gemm(lhs, rhs, dims, bias=bias, use_split_accumulator=_SPLIT[gemm_kind],
+                sequence_parallel=sequence_parallel)
 
 
 def quantize_grad(dy, q, with_dbias: bool):
@@ -161,46 +181,48 @@ def amax_of(t):
 
 
 # ---- the layer -------------------------------------------------------------------------------------------------
-def _fwd(x, kernel, bias, qs, kernel_last):
-    """y [M, N] and the residuals; x [M, K], kernel [K, N] ([N, K] when kernel_last), bias [N] or None."""
-    fdims = ((1,), (1,)) if kernel_last else ((1,), (0,))
+def _fwd(x, kernel, bias, qs, kernel_last, sp):
+    """y [..., N] and the residuals; x [..., K] (its token dims, keeps_leading_dims), kernel [K, N] ([N, K] when
+    kernel_last), bias [N] or None; sp: the sequence_parallel switch of the fprop and dgrad GEMMs."""
+    fdims = ((x.ndim - 1,), (1,) if kernel_last else (0,))
     if qs is None:
-        y = mm(x, kernel, fdims, x.dtype, FPROP, bias)
+        y = mm(x, kernel, fdims, x.dtype, FPROP, bias, sp)
         return y, (x, kernel, None, (None, None))
     xq, kq = quantize(x, qs.x), quantize(kernel, qs.kernel)
-    y = mm(xq, kq, fdims, x.dtype, FPROP, bias)
+    y = mm(xq, kq, fdims, x.dtype, FPROP, bias, sp)
     # Residuals: x's colwise copy (wgrad), the kernel's copy the dgrad contracts over N with.
     return y, (copy_for(xq, False), copy_for(kq, not kernel_last), qs, (xq.amax, kq.amax))
 
 
-def _bwd(kernel_last, with_bias, dtype, res, dy):
+def _bwd(kernel_last, with_bias, dtype, sp, res, dy):
     x_res, k_res, qs, (x_amax, k_amax) = res
-    ddims = ((1,), (0,)) if kernel_last else ((1,), (1,))
+    ddims = ((dy.ndim - 1,), (0,) if kernel_last else (1,))
     if qs is None:
-        dx = mm(dy, k_res, ddims, dtype, DGRAD)
-        dk, db = wgrad_plain(x_res, dy, kernel_last, with_bias)
+        dx = mm(dy, k_res, ddims, dtype, DGRAD, sequence_parallel=sp)
+        dk, db = wgrad_plain(flat(x_res), flat(dy), kernel_last, with_bias)
         return dx, dk, db, None
     dyq, db = quantize_grad(dy, qs.dgrad, with_bias)
-    dx = mm(copy_for(dyq, True), k_res, ddims, dtype, DGRAD)
+    dx = mm(copy_for(dyq, True), k_res, ddims, dtype, DGRAD, sequence_parallel=sp)
     dyc = copy_for(dyq, False)
-    dk = mm(dyc, x_res, ((0,), (0,)), dtype, WGRAD) if kernel_last else mm(x_res, dyc, ((0,), (0,)), dtype, WGRAD)
+    wdims = (lead_dims(dyc),) * 2  # over the tokens
+    dk = mm(dyc, x_res, wdims, dtype, WGRAD) if kernel_last else mm(x_res, dyc, wdims, dtype, WGRAD)
     return dx, dk, db, qs_cotangent(qs, (x_amax, k_amax, dyq.amax))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _dense2d(x, kernel, bias, qs, kernel_last):
-    return _fwd(x, kernel, bias, qs, kernel_last)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _dense2d(x, kernel, bias, qs, kernel_last, sp):
+    return _fwd(x, kernel, bias, qs, kernel_last, sp)[0]
 
 
-def _dense2d_fwd(x, kernel, bias, qs, kernel_last):
-    y, res = _fwd(x, kernel, bias, qs, kernel_last)
+def _dense2d_fwd(x, kernel, bias, qs, kernel_last, sp):
+    y, res = _fwd(x, kernel, bias, qs, kernel_last, sp)
     return y, (res, bias is not None)
 
 
-def _dense2d_bwd(kernel_last, saved, dy):
+def _dense2d_bwd(kernel_last, sp, saved, dy):
     res, with_bias = saved
     dtype = (res[0].dq_dtype if isinstance(res[0], ScaledTensor) else res[0].dtype)
-    dx, dk, db, dqs = _bwd(kernel_last, with_bias, dtype, res, dy.astype(dtype))
+    dx, dk, db, dqs = _bwd(kernel_last, with_bias, dtype, sp, res, dy.astype(dtype))
     return dx, dk, db, dqs
 
 
@@ -216,7 +238,7 @@ def _normalize(dims, ndim, name, where):
     return out
 
 
-def dense(x, kernel, bias=None, contracting_dims=((-1,), (0,)), quantizer_set=None):
+def dense(x, kernel, bias=None, contracting_dims=((-1,), (0,)), quantizer_set=None, *, sequence_parallel=False):
     """y = x·kernel (+ bias), differentiable (custom_vjp) in x, kernel and bias — and in `quantizer_set`, whose
     cotangent carries the delayed-scaling amaxes (recipe.py).
 
@@ -224,7 +246,20 @@ def dense(x, kernel, bias=None, contracting_dims=((-1,), (0,)), quantizer_set=No
     [K..., N...] contracted over its leading dims (TE/JAX's layout, the default), or [N..., K...] over its trailing
     dims. bias: the kernel's non-contracting shape [N...]. y: [x's leading dims, N...] in x's dtype; the kernel and
     bias are cast to it. quantizer_set: a tej.QuantizerSet (x, kernel, dgrad), or None: autocast's recipe, or plain
-    GEMMs outside autocast."""
+    GEMMs outside autocast.
+
+    Tensor parallel under jax.jit with sharded arrays (tej.gemm's partitioning): a kernel sharded along N on a mesh
+    axis a is column parallel, one sharded along K (x's K sharded alike) row parallel. With x's tokens (its leading
+    dims) also sharded on a — sequence parallel — the column-parallel fprop is tej.gemm's all-gather ring (x's row
+    chunks travel by ppermute while the GEMM runs; the weight is never gathered; the unsharded bytes), with no
+    switch. sequence_parallel=True keeps the token-sharded activations sharded: the row-parallel fprop
+    reduce-scatters y along the tokens (a ring of FP32 partial sums) instead of all-reducing it, and the
+    column-parallel dgrad does the same for dx; the row-parallel dgrad is then the all-gather ring over dy. The
+    wgrads gather the token-sharded activation (x, or dy) over a where the other operand has it gathered (an XLA
+    all-gather of the activation, never of a weight) and sum over the data-parallel axes. Plain and FP8 per-tensor
+    GEMMs take the rings (FP8 codes travel; the amax is pmaxed so every shard has the unsharded scale); MXFP8, NVFP4
+    and FP8 block GEMMs run without a ring, partitioned by XLA (the same values). Without sharded K or tokens the
+    switch changes nothing."""
     layer = "tej.dense"
     if not hasattr(x, "shape") or not hasattr(kernel, "shape"):
         raise TypeError(f"{layer}: x and kernel must be arrays, got {type(x).__name__} and {type(kernel).__name__}")
@@ -267,5 +302,6 @@ def dense(x, kernel, bias=None, contracting_dims=((-1,), (0,)), quantizer_set=No
     dtype = x.dtype
     k2 = kernel.astype(dtype).reshape((nn, k) if kernel_last else (k, nn))
     b = None if bias is None else bias.astype(dtype).reshape(nn)
-    y = _dense2d(x.reshape(m, k), k2, b, qs, kernel_last)
+    x2 = x.reshape(lead + (k,) if keeps_leading_dims(qs, lead) else (m, k))
+    y = _dense2d(x2, k2, b, qs, kernel_last, bool(sequence_parallel))
     return y.reshape(lead + out_shape)

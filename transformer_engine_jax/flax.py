@@ -103,15 +103,19 @@ class Dense(_Quantized):
     """y = x·kernel + bias through `tej.dense`; parameters, initializers and dtype promotion as `flax.nnx.Linear`
     (kernel [in_features, out_features] from kernel_init(rngs.params(), ...), then bias [out_features]). dtype: the
     computation dtype (None: promoted from x and the parameters). Under a recipe, in/out features and the token
-    count must be multiples of 16 (FP8) or 32 (MXFP8, NVFP4)."""
+    count must be multiples of 16 (FP8) or 32 (MXFP8, NVFP4). Tensor parallel: shard the kernel along out_features
+    (column parallel) or in_features (row parallel) on a mesh axis, e.g. built under `jax.set_mesh(mesh)` with
+    `kernel_init=nnx.with_partitioning(init, (None, "tp"))`, or with its value device_put; sequence_parallel=True
+    when x's tokens are sharded on that axis too and should stay so (tej.dense's switch: the row-parallel layer
+    reduce-scatters y along the tokens, the column-parallel one dx)."""
 
     def __init__(self, in_features: int, out_features: int, *, use_bias: bool = True, dtype=None,
                  param_dtype=jnp.float32, kernel_init=default_kernel_init, bias_init=default_bias_init,
-                 rngs: nnx.Rngs):
+                 sequence_parallel: bool = False, rngs: nnx.Rngs):
         self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
         self.bias = nnx.Param(bias_init(rngs.params(), (out_features,), param_dtype)) if use_bias else nnx.data(None)
         self.in_features, self.out_features, self.use_bias = in_features, out_features, use_bias
-        self.dtype, self.param_dtype = dtype, param_dtype
+        self.dtype, self.param_dtype, self.sequence_parallel = dtype, param_dtype, sequence_parallel
         self._init_fp8_meta()
 
     def __call__(self, x, *, rngs=None):
@@ -119,7 +123,8 @@ class Dense(_Quantized):
         NVFP4's stochastic rounding of the gradient."""
         bias = None if self.bias is None else self.bias.get_value()
         x, kernel, bias = dtypes.promote_dtype((x, self.kernel.get_value(), bias), dtype=self.dtype)
-        return dense(x, kernel, bias, quantizer_set=self._quantizer_sets(rngs))
+        return dense(x, kernel, bias, quantizer_set=self._quantizer_sets(rngs),
+                     sequence_parallel=self.sequence_parallel)
 
 
 class MLP(_Quantized):
@@ -127,17 +132,20 @@ class MLP(_Quantized):
     fc2 inside the kernel). fc1_kernel [hidden, A·ffn] with A = 2 for a gated activation (columns [0, ffn) feed the
     activation, [ffn, 2·ffn) are the linear half: tej.mlp's w1 [hidden, A, ffn] flattened), fc1_bias [A·ffn],
     fc2_kernel [ffn, hidden], fc2_bias [hidden]; each kernel/bias pair created and initialized as an nnx.Linear of
-    that shape. activation_type: any tej activation, e.g. ("gelu",) or ("silu", "linear") (SwiGLU)."""
+    that shape. activation_type: any tej activation, e.g. ("gelu",) or ("silu", "linear") (SwiGLU). Tensor parallel:
+    fc1_kernel / fc1_bias sharded along their ffn columns, fc2_kernel along its ffn rows, on one mesh axis;
+    sequence_parallel=True: x's tokens are sharded on it too and y comes back so (tej.mlp's switch and its "not
+    yet": a gated activation's fc1 is gathered)."""
 
     _n_sets = 2
 
     def __init__(self, hidden: int, ffn: int, *, activation_type: Union[str, Sequence[str]] = ("gelu",),
                  use_bias: bool = True, dtype=None, param_dtype=jnp.float32, kernel_init=default_kernel_init,
-                 bias_init=default_bias_init, rngs: nnx.Rngs):
+                 bias_init=default_bias_init, sequence_parallel: bool = False, rngs: nnx.Rngs):
         act = activation_of(activation_type)
         self.activation_type, self.a_dim = act.name, 2 if act.gated else 1
         self.hidden, self.ffn, self.use_bias = hidden, ffn, use_bias
-        self.dtype, self.param_dtype = dtype, param_dtype
+        self.dtype, self.param_dtype, self.sequence_parallel = dtype, param_dtype, sequence_parallel
         for name, (i, o) in (("fc1", (hidden, self.a_dim * ffn)), ("fc2", (ffn, hidden))):
             setattr(self, f"{name}_kernel", nnx.Param(kernel_init(rngs.params(), (i, o), param_dtype)))
             setattr(self, f"{name}_bias",
@@ -152,7 +160,8 @@ class MLP(_Quantized):
         w1 = w1.reshape(self.hidden, self.a_dim, self.ffn)
         b1 = None if b1 is None else b1.reshape(self.a_dim, self.ffn)
         qs = self._quantizer_sets(rngs)
-        return mlp(x, w1, b1, w2, b2, self.activation_type, (None, None) if qs is None else qs)
+        return mlp(x, w1, b1, w2, b2, self.activation_type, (None, None) if qs is None else qs,
+                   sequence_parallel=self.sequence_parallel)
 
 
 class MoEMLP(_Quantized):

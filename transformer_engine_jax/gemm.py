@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -223,7 +224,7 @@ def _te_gemm(out_dtype, attrs: dict, *inputs):
 
 
 def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quantizer=None, bias=None, fuse_gelu=False,
-         *, gelu_input=None, bias_grad=False, use_split_accumulator=True, out_dtype=None):
+         *, gelu_input=None, bias_grad=False, use_split_accumulator=True, out_dtype=None, sequence_parallel=False):
     """lhs · rhs contracted over `contracting_dims` = (lhs dims, rhs dims), paired in order; out has lhs's
     non-contracting dims followed by rhs's, in the operands' dtype (a ScaledTensor's dequantized dtype).
 
@@ -238,6 +239,13 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
     use_split_accumulator: FP8 per-tensor accumulates in full precision (False: Hopper's fast accumulation).
     out_dtype: float32 / float16 / bfloat16 to override the output dtype (float32: the unrounded FP32 accumulation,
     e.g. for partial sums that are added later).
+
+    Under jax.jit with sharded operands the call is partitioned by their shardings (the "sharding" block below):
+    data, column and row parallel, and the all-gather ring when lhs's M and rhs's N are sharded on the same mesh axis
+    (a sequence-parallel activation into a column-parallel weight: out sharded along N, the unsharded bytes).
+    sequence_parallel=True: a row-parallel call (K sharded on one mesh axis) reduce-scatters its output along lhs's
+    last M dim over that axis (a ring of FP32 partial sums) instead of all-reducing it; without K shards it changes
+    nothing.
     """
     _register()
     lhs_nd = len(lhs.shape) if hasattr(lhs, "shape") else 0
@@ -285,7 +293,7 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
         raise type(e)(f"tej.gemm{where}: {e}") from None
     if len(L.outer_shape) > 1 and not L.k_first and not grad:  # keep lhs's M dims for the partitioner
         inputs = (L.data.reshape(*L.outer_shape, -1), *inputs[1:])
-    out, pre_gelu, bgrad = _sharded_gemm(out_dtype, tuple(sorted(attrs.items())))(*inputs)
+    out, pre_gelu, bgrad = _sharded_gemm(out_dtype, tuple(sorted(attrs.items())), bool(sequence_parallel))(*inputs)
     out = out.reshape(L.outer_shape + R.outer_shape)
     if fuse_gelu:
         return out, pre_gelu.reshape(out.shape)
@@ -296,18 +304,50 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
 
 # ---- sharding ----------------------------------------------------------------------------------------------------
 # Under jax.jit with NamedSharding the te_gemm call is partitioned by the shardings of its operands (M from lhs, N
-# and K from rhs and lhs), with exactly the collectives a shard_map would need:
+# and K from rhs and lhs), with exactly the collectives a shard_map would need (its _Form):
 #   data parallel   lhs sharded along M, rhs replicated          local GEMMs, out sharded along M, no collective
 #   column parallel rhs sharded along N                          local GEMMs, out sharded along N, no collective
+#   all-gather ring lhs M and rhs N sharded on one mesh axis a   lhs's row chunks travel a ring of ppermutes over a,
+#                   (a sequence-parallel activation into a       each multiplied while the next one arrives
+#                   column-parallel weight)                      (collective.ring_all_gather); out sharded along N on
+#                                                                a and along M on M's other axes. Every row is one
+#                                                                GEMM over the full K: the unsharded bytes
 #   row parallel    lhs and rhs sharded alike along K            local FP32 GEMMs, one psum over the K axes, bias
 #                                                                added once after it, rounded once to out's dtype
-# M and N shard together (a 2-D mesh); an lhs [M..., K] keeps its M dims, each sharded on its own axes (batch and
-# sequence parallel), except under the backward epilogues (M flattened there). Row parallel needs both operands
-# K-sharded on the same axes, plain or FP8 per-tensor operands and no GELU or backward epilogue (they do not compose
-# with a sum of partial products). Its psum adds the shards' FP32 partial products in another order than one
-# unsharded GEMM accumulates them, so it equals the unsharded call to FP32 accumulation tolerance, not bit for bit.
-# Any other sharding is resharded by XLA to the nearest of these (K replicated at worst; FP8 block scales and local
-# shapes the core's planner refuses: everything replicated), so the result is always the unsharded call's.
+#   reduce-scatter  row parallel over one axis a, called with    the FP32 partial products of tp chunks of lhs's last
+#   ring            sequence_parallel=True                       M dim summed around a ring of ppermutes over a
+#                                                                (collective.ring_reduce_scatter; chunk c: ranks
+#                                                                c+1, c+2, …, c, the C++ core's order), bias added
+#                                                                once, rounded once; out sharded along that M dim on
+#                                                                its other axes, then a
+# custom_partitioning sees the operands' shardings but not the one the caller wants for the output, so the
+# reduce-scatter form is asked for (`sequence_parallel`); the all-gather form follows from the shardings alone (the
+# weight is never gathered for it). The Shardy rule cannot say either form (out's M is lhs's factor): a ring's out
+# keeps its sharding where its consumers take it so (a sequence-parallel residual add, jit's out_shardings), else XLA
+# reshards it after the call (the reduce-scatter's out gathered: the values stay right). M and N shard together (a 2-D mesh); an lhs [M..., K] keeps its M dims, each
+# sharded on its own axes (batch and sequence parallel), except under the backward epilogues (M flattened there).
+# The all-gather ring needs a to be the last axis of its M dim's entry (so that the gathered rows are whole blocks),
+# one shared axis, lhs K-last, plain or FP8 per-tensor operands (FP8 codes travel; one scale on every shard) and no
+# backward epilogue, and runs K unsharded; other M/N overlaps drop N's shared axes (XLA gathers that part of rhs).
+# Row parallel needs plain or FP8 per-tensor operands and no GELU or backward epilogue (they do not compose with a
+# sum of partial products); its K axes are those the two operands' K shardings start with alike (XLA gathers the
+# rest: e.g. a wgrad whose x is sharded along tokens on (dp, tp) and dy on dp gathers x over tp and sums over dp).
+# Its psum and ring add the shards' FP32 partial products in another order than one unsharded GEMM accumulates them,
+# so it equals the unsharded call to FP32 accumulation tolerance, not bit for bit. sequence_parallel with K sharded
+# over several axes keeps the psum (out not scattered); a tp that does not divide the scattered dim's rows per shard
+# raises ValueError. Any other sharding is resharded by XLA to the nearest of these (K replicated at worst; FP8 block
+# scales and local shapes the core's planner refuses: everything replicated, no ring), so the result is always the
+# unsharded call's. A mesh axis of size 1 gives a ring of one step: one local GEMM, no collective.
+
+
+class _Form(NamedTuple):
+    """How one te_gemm call runs on its shards: "local" (no collective), "psum" (row parallel over the mesh axes
+    `k`), "all_gather" / "reduce_scatter" (the ring over mesh axis `axis`; `dim`: the index, among lhs's M dims, of
+    the dim whose rows travel / are scattered)."""
+    kind: str
+    k: tuple = ()
+    axis: str | None = None
+    dim: int = 0
 
 
 def _dims(attrs: dict) -> tuple:
@@ -326,36 +366,73 @@ def _entry(axes: tuple):
     return axes if axes else None
 
 
-def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict):
-    """(K mesh axes, argument shardings, result shardings) of one te_gemm call, from its operands' shardings."""
+def _common_prefix(a: tuple, b: tuple) -> tuple:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict, sequence_parallel: bool = False):
+    """(_Form, argument shardings, result shardings) of one te_gemm call, from its operands' shardings (the block
+    above)."""
     lhs, _, rhs, _, bias, gelu_in = arg_shapes
     lhs_m, lhs_k, rhs_k, rhs_n = _dims(attrs)
     nd = len(lhs.shape)
     m_dims, lhs_k = ((lhs_m,), lhs_k) if nd == 2 else (tuple(range(nd - 1)), nd - 1)  # [M..., K]: see _te_gemm
     m_parts = [_axes(lhs, d) for d in m_dims]
-    m, k, n = sum(m_parts, ()), _axes(lhs, lhs_k), _axes(rhs, rhs_n)
-    n = tuple(a for a in n if a not in m)
-    if attrs["fuse_gelu"] or attrs["grad"] or k != _axes(rhs, rhs_k) or set(k) & set(m + n):
-        k = ()
+    m, k, n = sum(m_parts, ()), _common_prefix(_axes(lhs, lhs_k), _axes(rhs, rhs_k)), _axes(rhs, rhs_n)
+    per_tensor = attrs["lhs_scaling"] in (0, 1) and attrs["rhs_scaling"] in (0, 1)
+    form = _Form("local")
+    shared = [a for a in n if a in m]
+    ring_dim = [i for i, p in enumerate(m_parts) if shared and p and p[-1] == shared[0]]
+    if len(shared) == 1 and ring_dim and per_tensor and not attrs["grad"] and not attrs["lhs_transposed"]:
+        form, k = _Form("all_gather", axis=shared[0], dim=ring_dim[0]), ()
+    else:
+        n = tuple(a for a in n if a not in m)
+        if attrs["fuse_gelu"] or attrs["grad"] or set(k) & set(m + n):
+            k = ()
+        if k:
+            form = _Form("psum", k)
+            if sequence_parallel and len(k) == 1 and per_tensor:
+                form = _Form("reduce_scatter", k, k[0], len(m_dims) - 1)
     if attrs["grad"] and attrs["fuse_gelu"] and attrs["fuse_bias"]:
-        m = ()  # the bias gradient sums out over M
-    if attrs["lhs_scaling"] not in (0, 1) or attrs["rhs_scaling"] not in (0, 1):
+        m, m_parts = (), [() for _ in m_dims]  # the bias gradient sums out over M
+    if not per_tensor:
         m = n = k = ()  # block scales tile the operands: not split here
-    if not m:
-        m_parts = [() for _ in m_dims]
+        m_parts, form = [() for _ in m_dims], _Form("local")
     sizes = {a: mesh.shape[a] for a in m + n + k}
-    local = lambda shape, parts: tuple(d // math.prod(sizes[a] for a in p) for d, p in zip(shape, parts))
-    lhs_parts, rhs_parts = [None] * nd, [None, None]
+    size = lambda parts: math.prod(sizes[a] for a in parts)
+    lhs_parts, rhs_parts = [()] * nd, [(), ()]
     lhs_parts[lhs_k], rhs_parts[rhs_k], rhs_parts[rhs_n] = k, k, n
     for d, p in zip(m_dims, m_parts):
         lhs_parts[d] = p
+    out_m = list(m_parts)
+    if form.kind == "all_gather":
+        out_m[form.dim] = m_parts[form.dim][:-1]
+    elif form.kind == "reduce_scatter":
+        d, tp = m_dims[form.dim], sizes[form.axis]
+        rows = lhs.shape[d] // size(m_parts[form.dim])
+        if rows % tp:
+            held = f"{rows} per shard of mesh axes {m_parts[form.dim]}" if m_parts[form.dim] else f"all {rows}"
+            raise ValueError(
+                f"tej.gemm(sequence_parallel=True): the reduce-scatter ring over mesh axis {form.axis!r} (size {tp}) "
+                f"splits the rows of lhs's M dim {d} (lhs shape {tuple(lhs.shape)}; {held} on each device) into {tp} "
+                f"chunks, and {tp} does not divide {rows}: pad that dim to a multiple of "
+                f"{tp * size(m_parts[form.dim])}, or call without sequence_parallel (an all-reduce)")
+        out_m[form.dim] = m_parts[form.dim] + (form.axis,)
+    local = lambda shape, parts: tuple(dim // size(p) for dim, p in zip(shape, parts))
     try:  # local shapes the kernel refuses (alignment, a shard count that does not divide): replicate
-        if any(d % math.prod(sizes[a] for a in p) for a_ in (lhs, rhs) for d, p in
-               zip(a_.shape, lhs_parts if a_ is lhs else rhs_parts)):
+        if any(dim % size(p) for a_, parts in ((lhs, lhs_parts), (rhs, rhs_parts)) for dim, p in
+               zip(a_.shape, parts)):
             raise ValueError("uneven shards")
         shrink = lambda a, parts: jax.ShapeDtypeStruct(local(a.shape, parts), a.dtype)
         local_in = list(arg_shapes)
         local_in[0], local_in[2] = shrink(lhs, lhs_parts), shrink(rhs, rhs_parts)
+        if form.kind == "reduce_scatter":  # each GEMM of the ring takes one chunk of the local rows
+            chunk = list(local_in[0].shape)
+            chunk[m_dims[form.dim]] //= sizes[form.axis]
+            local_in[0] = jax.ShapeDtypeStruct(tuple(chunk), lhs.dtype)
         if nd > 2:
             local_in[0] = jax.ShapeDtypeStruct((math.prod(local_in[0].shape[:-1]), local_in[0].shape[-1]), lhs.dtype)
         if bias.shape[0]:
@@ -367,16 +444,16 @@ def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict):
         _plans(local_in, jnp.dtype(jnp.float32) if k else out_dtype, _partial(attrs) if k else attrs)
     except (ValueError, TypeError, NotImplementedError):
         m = n = k = ()
-        m_parts, lhs_parts, rhs_parts = [() for _ in m_dims], [()] * nd, [(), ()]
+        form, m_parts, out_m = _Form("local"), [() for _ in m_dims], [() for _ in m_dims]
+        lhs_parts, rhs_parts = [()] * nd, [(), ()]
     spec = lambda *parts: NamedSharding(mesh, PartitionSpec(*(_entry(p) for p in parts)))
     args = (spec(*lhs_parts), spec(), spec(*rhs_parts), spec(), spec(n) if bias.shape[0] else spec(),
             spec(m, n) if len(gelu_in.shape) == 2 else spec())
     bgrad = n if attrs["fuse_gelu"] else m  # with gelu_input: Σ over M of out [N]; without: Σ over K of lhs [M]
     _, pre_gelu, bias_grad = result_shapes
-    out = spec(*m_parts, n)
-    results = (out, out if len(pre_gelu.shape) > 1 else spec(),
-               spec(bgrad) if bias_grad.shape[0] else spec())
-    return k, args, results
+    out = spec(*out_m, n)
+    results = (out, out if len(pre_gelu.shape) > 1 else spec(), spec(bgrad) if bias_grad.shape[0] else spec())
+    return form, args, results
 
 
 def _partial(attrs: dict) -> dict:
@@ -385,7 +462,8 @@ def _partial(attrs: dict) -> dict:
 
 
 def _gemm_rule(attrs: dict):
-    """The Shardy rule: factors m, k, n shared by the operands, the output and the epilogues' arrays."""
+    """The Shardy rule: factors m, k, n shared by the operands, the output and the epilogues' arrays. (The ring forms
+    shard out otherwise than m and n say; where the propagated sharding differs, XLA reshards out after the call.)"""
     lhs_m, lhs_k, rhs_k, rhs_n = _dims(attrs)
 
     def rule(mesh, value_types, result_types):
@@ -409,22 +487,55 @@ def _gemm_rule(attrs: dict):
     return rule
 
 
+def _ring_body(form: _Form, tp: int, out_dtype, attrs: dict):
+    """The shard-local function of a ring form: collective.py's rings around shard-local te_gemm calls."""
+    from .collective import ring_all_gather, ring_reduce_scatter  # (collective.py imports this module)
+
+    empty = jnp.zeros((0,), jnp.uint8)
+
+    def all_gather(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
+        def mm(chunk):  # rows of lhs [M..., K] (FP8 codes for a ScaledTensor: its scale_inv is on every shard)
+            out, pre_gelu, _ = _te_gemm(out_dtype, attrs, chunk, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in)
+            return (out, pre_gelu) if attrs["fuse_gelu"] else (out,)
+
+        outs = ring_all_gather(lhs, mm, form.axis, tp, form.dim)
+        return outs[0], outs[1] if attrs["fuse_gelu"] else empty, empty
+
+    def reduce_scatter(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
+        d = _dims(attrs)[0] if lhs.ndim == 2 else lhs.ndim - 2  # lhs's last M dim
+        rows = lhs.shape[d] // tp
+
+        def partial(c):  # chunk c of the local rows: an FP32 partial product, no bias
+            chunk = jax.lax.dynamic_slice_in_dim(lhs, c * rows, rows, d)
+            return _te_gemm(jnp.dtype(jnp.float32), _partial(attrs), chunk, lhs_scale_inv, rhs, rhs_scale_inv,
+                            jnp.zeros((0,), jnp.float32), gelu_in)[0]
+
+        out = ring_reduce_scatter(partial, form.axis, tp)
+        if bias.shape[0]:
+            out = out + bias.astype(jnp.float32)
+        return out.astype(out_dtype), empty, empty
+
+    return all_gather if form.kind == "all_gather" else reduce_scatter
+
+
 @functools.lru_cache(maxsize=None)
-def _sharded_gemm(out_dtype, attr_items: tuple):
-    """The te_gemm call with these attributes, partitioned (custom_partitioning) as the block above says. Cached:
-    jax caches traces and compiled programs by the function's identity."""
+def _sharded_gemm(out_dtype, attr_items: tuple, sequence_parallel: bool = False):
+    """The te_gemm call with these attributes, partitioned (custom_partitioning) as the block above says. Cached: jax
+    caches traces and compiled programs by the function's identity."""
     attrs = dict(attr_items)
 
     def partition(mesh, arg_shapes, result_shape):
-        k, args, results = _gemm_shardings(mesh, arg_shapes, result_shape, out_dtype, attrs)
-        if not k:
+        form, args, results = _gemm_shardings(mesh, arg_shapes, result_shape, out_dtype, attrs, sequence_parallel)
+        if form.kind == "local":
             return mesh, functools.partial(_te_gemm, out_dtype, attrs), results, args
+        if form.kind != "psum":
+            return mesh, _ring_body(form, mesh.shape[form.axis], out_dtype, attrs), results, args
 
         def row_parallel(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
             # partial FP32 products, summed over the K shards, the bias added once, rounded once
             out, pre_gelu, bgrad = _te_gemm(jnp.dtype(jnp.float32), _partial(attrs), lhs, lhs_scale_inv, rhs,
                                             rhs_scale_inv, jnp.zeros((0,), jnp.float32), gelu_in)
-            out = jax.lax.psum(out, k)
+            out = jax.lax.psum(out, form.k)
             if bias.shape[0]:
                 out = out + bias.astype(jnp.float32)
             return out.astype(out_dtype), pre_gelu, bgrad
@@ -432,7 +543,7 @@ def _sharded_gemm(out_dtype, attr_items: tuple):
         return mesh, row_parallel, results, args
 
     def infer(mesh, arg_shapes, result_shape):
-        return _gemm_shardings(mesh, arg_shapes, result_shape, out_dtype, attrs)[2]
+        return _gemm_shardings(mesh, arg_shapes, result_shape, out_dtype, attrs, sequence_parallel)[2]
 
     partitioned = custom_partitioning(functools.partial(_te_gemm, out_dtype, attrs))
     partitioned.def_partition(partition, infer_sharding_from_operands=infer, sharding_rule=_gemm_rule(attrs))

@@ -20,88 +20,98 @@ import jax
 
 from .activation_types import activation_of
 from .cpp_extensions import act_lu, dact_lu, quantize, quantize_dact_dbias
-from .dense import (DGRAD, FPROP, WGRAD, amax_of, as_matrix, check_alignment, check_float, copy_for, mm, qs_cotangent,
-                    quantize_grad, resolve_quantizer_set, wgrad_plain)
+from .dense import (DGRAD, FPROP, WGRAD, amax_of, as_matrix, check_alignment, check_float, copy_for, flat,
+                    keeps_leading_dims, lead_dims, mm, qs_cotangent, quantize_grad, resolve_quantizer_set, wgrad_plain)
 
 __all__ = ["mlp"]
 
-_FDIMS, _DDIMS, _WDIMS = ((1,), (0,)), ((1,), (1,)), ((0,), (0,))
 
-
-def _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim):
-    """y [M, N] and the residuals; x [M, K], w1 [K, A*F], b1 [A*F], w2 [F, N], b2 [N]."""
-    m, dtype = x.shape[0], x.dtype
+def _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp):
+    """y [..., N] and the residuals; x [..., K] (its token dims, keeps_leading_dims), w1 [K, A*F], b1 [A*F], w2 [F, N],
+    b2 [N]; sp: sequence_parallel (the row-parallel fc2 fprop and the column-parallel fc1 dgrad reduce-scatter along
+    the tokens)."""
+    lead, dtype, fdims = x.shape[:-1], x.dtype, ((x.ndim - 1,), (0,))
     q = qs1 is not None
     xq = quantize(x, qs1.x) if q else x
     w1q = quantize(w1, qs1.kernel) if q else w1
-    h = mm(xq, w1q, _FDIMS, dtype, FPROP, b1)                               # [M, A*F]
-    a = act_lu(h.reshape(m, a_dim, -1), act, quantizer=qs2.x if q else None)  # [M, F], quantized for GEMM 2
+    h = mm(xq, w1q, fdims, dtype, FPROP, b1, sp)                                  # [..., A*F]
+    a = act_lu(h.reshape(lead + (a_dim, -1)), act, quantizer=qs2.x if q else None)  # [..., F], quantized for GEMM 2
     w2q = quantize(w2, qs2.kernel) if q else w2
-    y = mm(a, w2q, _FDIMS, dtype, FPROP, b2)
+    y = mm(a, w2q, fdims, dtype, FPROP, b2, sp)
     amaxes = tuple(amax_of(t) for t in (xq, w1q, a, w2q))
     res = (copy_for(xq, False), copy_for(w1q, True), h, copy_for(a, False), copy_for(w2q, True), qs1, qs2, amaxes)
     return y, res
 
 
 def _dact(da, h3, act, q, with_dbias, gated):
-    """(dh [M, A*F] — quantized by q when given —, dbias [A*F] or None, the cast's amax). Without q, a gated
-    activation's dbias is left to the wgrad GEMM's epilogue (None here)."""
-    m, cols = h3.shape[0], h3.shape[1] * h3.shape[2]
+    """(dh [..., A*F] — quantized by q when given —, dbias [A*F] or None, the cast's amax); h3 [..., A, F]. Without q,
+    a gated activation's dbias is left to the wgrad GEMM's epilogue (None here)."""
+    lead, cols = h3.shape[:-2], h3.shape[-2] * h3.shape[-1]
     if with_dbias and gated and q is not None:  # the fused dact + dbias kernel takes unary activations only
-        dhq, db = quantize_grad(dact_lu(da, h3, act).reshape(m, cols), q, True)
+        dhq, db = quantize_grad(dact_lu(da, h3, act).reshape(lead + (cols,)), q, True)
         return dhq, db, dhq.amax
     dh, db = quantize_dact_dbias(da, h3, act, with_dbias and not gated, q)
     if q is None:
-        return dh.reshape(m, cols), db, None
-    return as_matrix(dh, m, cols), db, dh.amax
+        return dh.reshape(lead + (cols,)), db, None
+    return as_matrix(dh, lead, cols), db, dh.amax
 
 
-def _bwd(act, a_dim, gated, with_b1, with_b2, res, dy):
+def _bwd(act, a_dim, gated, sp, with_b1, with_b2, res, dy):
     x_r, w1_r, h, a_r, w2_r, qs1, qs2, (x_amax, w1_amax, a_amax, w2_amax) = res
     dtype = h.dtype
     dy = dy.astype(dtype)
+    ddims = ((dy.ndim - 1,), (1,))
     q = qs1 is not None
     if q:
         dyq, db2 = quantize_grad(dy, qs2.dgrad, with_b2)
-        da = mm(copy_for(dyq, True), w2_r, _DDIMS, dtype, DGRAD)
-        dw2 = mm(a_r, copy_for(dyq, False), _WDIMS, dtype, WGRAD)
+        da = mm(copy_for(dyq, True), w2_r, ddims, dtype, DGRAD, sequence_parallel=sp)
+        dw2 = mm(a_r, copy_for(dyq, False), (lead_dims(a_r),) * 2, dtype, WGRAD)
     else:
-        da = mm(dy, w2_r, _DDIMS, dtype, DGRAD)
-        dw2, db2 = wgrad_plain(a_r, dy, False, with_b2)
-    dh, db1, dh_amax = _dact(da, h.reshape(h.shape[0], a_dim, -1), act, qs1.dgrad if q else None, with_b1, gated)
-    dx = mm(copy_for(dh, True), w1_r, _DDIMS, dtype, DGRAD)
+        da = mm(dy, w2_r, ddims, dtype, DGRAD, sequence_parallel=sp)
+        dw2, db2 = wgrad_plain(flat(a_r), flat(dy), False, with_b2)
+    dh, db1, dh_amax = _dact(da, h.reshape(h.shape[:-1] + (a_dim, -1)), act, qs1.dgrad if q else None, with_b1,
+                             gated)
+    dx = mm(copy_for(dh, True), w1_r, ddims, dtype, DGRAD, sequence_parallel=sp)
     if not q:
-        dw1, db_gemm = wgrad_plain(x_r, dh, False, with_b1 and gated)
+        dw1, db_gemm = wgrad_plain(flat(x_r), flat(dh), False, with_b1 and gated)
         return dx, dw1, db1 if db_gemm is None else db_gemm, dw2, db2, None, None
-    dw1 = mm(x_r, copy_for(dh, False), _WDIMS, dtype, WGRAD)
+    dw1 = mm(x_r, copy_for(dh, False), (lead_dims(x_r),) * 2, dtype, WGRAD)
     dqs1 = qs_cotangent(qs1, (x_amax, w1_amax, dh_amax))
     dqs2 = qs_cotangent(qs2, (a_amax, w2_amax, dyq.amax))
     return dx, dw1, db1, dw2, db2, dqs1, dqs2
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8))
-def _mlp2d(x, w1, b1, w2, b2, qs1, qs2, act, a_dim):
-    return _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _mlp2d(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp):
+    return _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp)[0]
 
 
-def _mlp2d_fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim):
-    y, res = _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim)
+def _mlp2d_fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp):
+    y, res = _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp)
     return y, (res, b1 is not None, b2 is not None)
 
 
-def _mlp2d_bwd(act, a_dim, saved, dy):
+def _mlp2d_bwd(act, a_dim, sp, saved, dy):
     res, with_b1, with_b2 = saved
-    return _bwd(act, a_dim, activation_of(act).gated, with_b1, with_b2, res, dy)
+    return _bwd(act, a_dim, activation_of(act).gated, sp, with_b1, with_b2, res, dy)
 
 
 _mlp2d.defvjp(_mlp2d_fwd, _mlp2d_bwd)
 
 
-def mlp(x, w1, b1, w2, b2, activation_type=("gelu",), quantizer_sets=(None, None)):
+def mlp(x, w1, b1, w2, b2, activation_type=("gelu",), quantizer_sets=(None, None), *, sequence_parallel=False):
     """y = act(x·w1 + b1)·w2 + b2, differentiable (custom_vjp) in x, the weights, the biases and the quantizer sets
     (their cotangents carry the delayed-scaling amaxes). Shapes in the module doc; b1 / b2 may be None.
     quantizer_sets: (qs1, qs2), the QuantizerSets of the two dense layers (qs2.x quantizes the activation), or
-    (None, None): autocast's recipe, or plain GEMMs outside autocast."""
+    (None, None): autocast's recipe, or plain GEMMs outside autocast.
+
+    Tensor parallel under jax.jit (tej.dense's rules): w1 sharded along F on mesh axis a (column parallel, with b1)
+    and w2 along F on a (row parallel), x's tokens sharded on a as well (sequence parallel): fc1's fprop and fc2's
+    dgrad are all-gather rings; sequence_parallel=True makes fc2's fprop and fc1's dgrad reduce-scatter rings, so
+    y and dx come back sharded along the tokens like x, with no weight gathered. Not yet: the fused activation
+    between the GEMMs is partitioned along the tokens only (sharding.py), so XLA gathers h [..., F] over a around
+    act_lu and its backward (activations, not weights); a gated w1 [K, 2, F] sharded along F is flattened to
+    [K, 2F], where XLA gathers it (shard a unary activation's w1, or run gated layers without F sharding)."""
     layer = "tej.mlp"
     act = activation_of(activation_type)
     a_dim = 2 if act.gated else 1
@@ -140,7 +150,8 @@ def mlp(x, w1, b1, w2, b2, activation_type=("gelu",), quantizer_sets=(None, None
     m = math.prod(lead)
     check_alignment(layer, qs1, {"tokens (the product of x's leading dims)": m, "K": k, "F": f, "N": n})
     dtype = x.dtype
-    y = _mlp2d(x.reshape(m, k), w1.astype(dtype).reshape(k, a_dim * f),
+    x2 = x.reshape(lead + (k,) if keeps_leading_dims(qs1, lead) else (m, k))
+    y = _mlp2d(x2, w1.astype(dtype).reshape(k, a_dim * f),
                None if b1 is None else b1.astype(dtype).reshape(a_dim * f), w2.astype(dtype),
-               None if b2 is None else b2.astype(dtype), qs1, qs2, act.name, a_dim)
+               None if b2 is None else b2.astype(dtype), qs1, qs2, act.name, a_dim, bool(sequence_parallel))
     return y.reshape(lead + (n,))
