@@ -5,8 +5,8 @@ stages (the default) every kernel module our calls launch is loaded before any t
 registers the execute stages alone, so a module may load lazily while an NCCL kernel spins — the hazard the stage
 exists for. Prints, per mode, how many runs passed, failed and hung, and writes a JSON report.
 
-Usage: python tools/initialize_hang_check.py [--runs 50] [--gpus-per-run 2] [--timeout 90] [--json PATH]
-Runs go in parallel, one per disjoint set of GPUs, NVLink multicast off in every process.
+Usage: python tools/initialize_hang_check.py [--runs 50] [--gpus-per-run 2] [--per-set 2] [--timeout 90] [--json PATH]
+Runs go in parallel, --per-set processes on each disjoint set of GPUs, NVLink multicast off in every process.
 """
 import argparse
 import json
@@ -94,6 +94,7 @@ def main():
     p.add_argument("--runs", type=int, default=50)
     p.add_argument("--gpus-per-run", type=int, default=2)
     p.add_argument("--timeout", type=int, default=90)
+    p.add_argument("--per-set", type=int, default=2, help="processes sharing one set of GPUs at a time")
     p.add_argument("--json", metavar="PATH")
     args = p.parse_args()
     n = gpu_count()
@@ -101,8 +102,8 @@ def main():
         print(f"initialize_hang_check: needs {args.gpus_per_run} GPUs, {n} visible", file=sys.stderr)
         return 2
     k = args.gpus_per_run
-    slots = [",".join(str(i) for i in range(s, s + k)) for s in range(0, n - k + 1, k)]
-    report = {"gpus": n, "gpus_per_run": k, "runs": args.runs, "timeout_s": args.timeout,
+    slots = [",".join(str(i) for i in range(s, s + k)) for s in range(0, n - k + 1, k)] * args.per_set
+    report = {"gpus": n, "gpus_per_run": k, "per_set": args.per_set, "runs": args.runs, "timeout_s": args.timeout,
               "env": "CUDA_MODULE_LOADING=LAZY, NCCL_NVLS_ENABLE=0"}
     report["with_initialize"] = run_mode("with the initialize stages", {}, args.runs, slots, args.timeout)
     report["without_initialize"] = run_mode("without (TEJ_NO_INITIALIZE=1)", {"TEJ_NO_INITIALIZE": "1"}, args.runs,

@@ -54,7 +54,10 @@ def available(mesh=None) -> bool:
     """Whether the FFI form can run: a CUDA build with the NCCL transport and (given a mesh) GPU devices."""
     if not (_ffi.with_cuda and _ffi.nccl_built()):
         return False
-    return mesh is None or all(d.platform == "gpu" for d in np.asarray(mesh.devices).flat)
+    devices = getattr(mesh, "devices", None) if mesh is not None else None
+    if mesh is not None and devices is None:  # an abstract mesh: no devices to bind communicators to
+        return False
+    return mesh is None or all(d.platform == "gpu" for d in np.asarray(devices).flat)
 
 
 def _rings(mesh, axis: str) -> np.ndarray:
@@ -114,18 +117,20 @@ def initialize(mesh, axis: str) -> int:
 
 
 # ---- one device's call ------------------------------------------------------------------------------------------
-def _call(kind, key, tp, x, x_scale, w, w_scale, out_dtype, overlap, sm_margin, keep):
-    """te_collective_gemm on this device's operands (inside shard_map) -> (out, gathered or None)."""
+def _call(kind, key, tp, x, x_scale, w, w_scale, out_dtype, overlap, sm_margin, keep, w_kn=False):
+    """te_collective_gemm on this device's operands (inside shard_map) -> (out, gathered or None). w: [n, k], or
+    [k, n] with w_kn (plain operands)."""
     _register()
     inputs = (x, x_scale, w, w_scale)
     plan = _ffi.plan_collective_gemm([(list(a.shape), _CODE[jnp.dtype(a.dtype)]) for a in inputs], kind, tp,
-                                     _CODE[jnp.dtype(out_dtype)], True, sm_margin, keep, True)
+                                     _CODE[jnp.dtype(out_dtype)], True, sm_margin, keep, bool(w_kn),
+                                     True)
     gathered = tuple(plan["gathered"])
     results = [jax.ShapeDtypeStruct(tuple(plan["out"][0]), _DTYPE[plan["out"][1]]),
                jax.ShapeDtypeStruct(gathered, x.dtype), jax.ShapeDtypeStruct((plan["workspace_bytes"],), jnp.uint8)]
     out, g, _ = jax.ffi.ffi_call(_TARGET, results)(
         *inputs, kind=np.int64(kind), comm=np.int64(key), tp=np.int64(tp), overlap=bool(overlap),
-        use_split_accumulator=True, sm_margin=np.int64(sm_margin), keep_gathered=bool(keep))
+        use_split_accumulator=True, sm_margin=np.int64(sm_margin), keep_gathered=bool(keep), w_kn=bool(w_kn))
     return out, (g if keep else None)
 
 

@@ -518,6 +518,57 @@ def _ring_body(form: _Form, tp: int, out_dtype, attrs: dict):
     return all_gather if form.kind == "all_gather" else reduce_scatter
 
 
+def _ffi_ring_body(mesh, form: _Form, out_dtype, attrs: dict, arg_shapes):
+    """The ring form as one te_collective_gemm call per device (collective_nccl.py: the core's ring over NCCL, its
+    exchanges overlapped with the chunk GEMMs on the GPU), or None where only the ppermute ring applies: devices other
+    than GPUs or a build without NCCL, an epilogue (GELU, backward) or transposed lhs, FP8 other than per tensor, or
+    gathered/scattered rows that are not the leading dim of lhs's rows (a sequence dim sharded under an
+    unsharded batch dim: its chunks are not contiguous rows). rhs may be [N, K] or, plain, [K, N] (tej.dense's kernel)."""
+    from . import collective_nccl as N  # (imports this module)
+
+    lhs, lhs_s, rhs, rhs_s, bias, _ = arg_shapes
+    if (not N.available(mesh) or attrs["fuse_gelu"] or attrs["grad"] or attrs["lhs_transposed"]
+            or attrs["lhs_scaling"] not in (0, 1) or attrs["rhs_scaling"] != attrs["lhs_scaling"]
+            or (attrs["lhs_scaling"] and not attrs["rhs_transposed"])):
+        return None
+    local = [n // _split(mesh, a) for n, a in zip(lhs.shape, _spec_axes(lhs))]
+    d = form.dim if form.kind == "all_gather" else (len(lhs.shape) - 2 if len(lhs.shape) > 2 else 0)
+    if any(n != 1 for n in local[:d]):
+        return None
+    tp = mesh.shape[form.axis]
+    key = N.initialize(mesh, form.axis)
+    kind = N._AG if form.kind == "all_gather" else N._RS
+
+    def body(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
+        lead, k = lhs.shape[:-1], lhs.shape[-1]
+        x = lhs.reshape(-1, k)
+        scales = [s.reshape(-1).astype(jnp.float32) if attrs[f"{n}_scaling"] else jnp.zeros((0,), jnp.float32)
+                  for n, s in (("lhs", lhs_scale_inv), ("rhs", rhs_scale_inv))]
+        with_bias = attrs["fuse_bias"] and bias.shape[0]
+        # with a bias: an FP32 result, the bias added and the sum rounded once (the ppermute ring's bytes)
+        out, _ = N._call(kind, key, tp, x, scales[0], rhs, scales[1], jnp.float32 if with_bias else out_dtype, True,
+                         -1, False, w_kn=not attrs["rhs_transposed"])
+        if with_bias:
+            out = (out + bias.astype(jnp.float32)).astype(out_dtype)
+        rows = lead[:d] + (lead[d] * tp if kind == N._AG else lead[d] // tp,) + lead[d + 1:]
+        empty = jnp.zeros((0,), jnp.uint8)
+        return out.reshape(*rows, -1), empty, empty
+
+    return body
+
+
+def _spec_axes(arg) -> list:
+    """Per dim of a sharded argument: its PartitionSpec entry (None, an axis name or a tuple of names)."""
+    spec = tuple(arg.sharding.spec) + (None,) * len(arg.shape)
+    return list(spec[:len(arg.shape)])
+
+
+def _split(mesh, entry) -> int:
+    """How many shards a PartitionSpec entry makes."""
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    return int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
+
+
 @functools.lru_cache(maxsize=None)
 def _sharded_gemm(out_dtype, attr_items: tuple, sequence_parallel: bool = False):
     """The te_gemm call with these attributes, partitioned (custom_partitioning) as the block above says. Cached: jax
@@ -529,7 +580,9 @@ def _sharded_gemm(out_dtype, attr_items: tuple, sequence_parallel: bool = False)
         if form.kind == "local":
             return mesh, functools.partial(_te_gemm, out_dtype, attrs), results, args
         if form.kind != "psum":
-            return mesh, _ring_body(form, mesh.shape[form.axis], out_dtype, attrs), results, args
+            body = _ffi_ring_body(mesh, form, out_dtype, attrs, arg_shapes) or \
+                _ring_body(form, mesh.shape[form.axis], out_dtype, attrs)
+            return mesh, body, results, args
 
         def row_parallel(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
             # partial FP32 products, summed over the K shards, the bias added once, rounded once

@@ -4,7 +4,7 @@
 // Arguments, results and attributes, in the order the Python call passes them:
 //   args     x x_scale_inv w w_scale_inv   (one rank's operands; *_scale_inv f32[1] for FP8 per tensor, else empty)
 //   results  out (AG [tp·m, n], RS [m, n]); gathered (AG with keep_gathered: [tp·m, k], else empty); workspace (uint8)
-//   attrs    kind comm tp overlap use_split_accumulator sm_margin keep_gathered (collective.h CollectiveAttrs)
+//   attrs    kind comm tp overlap use_split_accumulator sm_margin keep_gathered w_kn (collective.h CollectiveAttrs)
 //
 // The rank is the executing device's in the communicator `comm` (made by the frontend before the program runs). The
 // initialize stage records the schedule's kernels with a transport that moves nothing (a throwaway capture must not
@@ -41,6 +41,7 @@ te::ops::CollectiveGemmRequest collective_request(const CollectiveInputs& in, co
   r.overlap = at.overlap;
   r.use_split_accumulator = at.use_split_accumulator;
   r.sm_margin = int(at.sm_margin);
+  r.w_kn = at.w_kn;
   return r;
 }
 
@@ -96,9 +97,9 @@ void run(cudaStream_t stream, te::comm::Transport& transport, Buf x, Buf xs, Buf
 
 ffi::Error execute(cudaStream_t stream, Buf x, Buf xs, Buf w, Buf ws, Ret out, Ret gathered, Ret workspace,
                    int64_t kind, int64_t comm, int64_t tp, bool overlap, bool split, int64_t sm_margin,
-                   bool keep_gathered) {
+                   bool keep_gathered, bool w_kn) {
   return guarded([&] {
-    const CollectiveAttrs at{kind, comm, tp, overlap, split, sm_margin, keep_gathered};
+    const CollectiveAttrs at{kind, comm, tp, overlap, split, sm_margin, keep_gathered, w_kn};
     const std::unique_ptr<te::comm::Transport> t = te::comm::nccl_transport(comm, current_device(), stream);
     run(stream, *t, x, xs, w, ws, out, gathered, workspace, at);
   });
@@ -106,7 +107,7 @@ ffi::Error execute(cudaStream_t stream, Buf x, Buf xs, Buf w, Buf ws, Ret out, R
 
 ffi::Error initialize(cudaStream_t stream, Buf x, Buf xs, Buf w, Buf ws, Ret out, Ret gathered, Ret workspace,
                       int64_t kind, int64_t comm, int64_t tp, bool overlap, bool split, int64_t sm_margin,
-                      bool keep_gathered) {
+                      bool keep_gathered, bool w_kn) {
   ffi::Error ready = guarded([] { te::cublaslt_prepare(); });
   if (!ready.success()) return ready;
   InitKey key;
@@ -115,10 +116,10 @@ ffi::Error initialize(cudaStream_t stream, Buf x, Buf xs, Buf w, Buf ws, Ret out
   key.add(gathered);
   key.add(workspace);
   for (int64_t v : {kind, comm, tp, sm_margin}) key.add(v);
-  for (bool v : {overlap, split, keep_gathered}) key.add(v);
+  for (bool v : {overlap, split, keep_gathered, w_kn}) key.add(v);
   return in_throwaway_capture(stream, key, [&] {
     return guarded([&] {
-      const CollectiveAttrs at{kind, comm, tp, overlap, split, sm_margin, keep_gathered};
+      const CollectiveAttrs at{kind, comm, tp, overlap, split, sm_margin, keep_gathered, w_kn};
       te::comm::NullTransport t(0, int(tp));
       run(stream, t, x, xs, w, ws, out, gathered, workspace, at);
     });
@@ -141,7 +142,8 @@ template <class B> auto binding(B b) {
       .template Attr<bool>("overlap")
       .template Attr<bool>("use_split_accumulator")
       .template Attr<int64_t>("sm_margin")
-      .template Attr<bool>("keep_gathered");
+      .template Attr<bool>("keep_gathered")
+      .template Attr<bool>("w_kn");
 }
 
 }  // namespace

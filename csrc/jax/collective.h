@@ -13,7 +13,7 @@ constexpr const char* kCollectiveGemmOp = "te_collective_gemm";
 // The attributes of a te_collective_gemm call, in binding order. kind: 1 all-gather + GEMM, 2 GEMM + reduce-scatter
 // (te::ops::CollectiveKind); comm: the registry key of the axis's rings; tp: the ring size (checked against the
 // communicator's); overlap: false runs the non-overlapped baseline (same bytes); sm_margin: SMs the chunk GEMMs leave
-// to NCCL; keep_gathered: the all-gather's gathered x is a result.
+// to NCCL; keep_gathered: the all-gather's gathered x is a result; w_kn: w is [k, n] (a JAX kernel's layout).
 struct CollectiveAttrs {
   int64_t kind = 1;
   int64_t comm = 0;
@@ -22,9 +22,10 @@ struct CollectiveAttrs {
   bool use_split_accumulator = true;
   int64_t sm_margin = 0;
   bool keep_gathered = false;
+  bool w_kn = false;  // w stored [k, n] (plain operands)
 };
 
-// x [rows, k], x_scale_inv (f32[1] for FP8, 0 elements otherwise), w [n, k], w_scale_inv likewise.
+// x [rows, k], x_scale_inv (f32[1] for FP8, 0 elements otherwise), w [n, k] ([k, n] with w_kn), w_scale_inv likewise.
 struct CollectiveInputs {
   te::ops::TensorView x, x_scale_inv, w, w_scale_inv;
 };

@@ -160,7 +160,7 @@ py::dict plan_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& 
 // dtype code) of x, x_scale_inv, w, w_scale_inv.
 py::dict plan_collective_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& inputs, int64_t kind,
                               int64_t tp, int64_t out_dtype, bool use_split_accumulator, int64_t sm_margin,
-                              bool keep_gathered, bool cuda) {
+                              bool keep_gathered, bool w_kn, bool cuda) {
   const std::vector<te::ops::TensorView> v = plan_views(
       inputs, 4, kCollectiveGemmOp, "plan_collective_gemm takes 4 inputs (x, x_scale_inv, w, w_scale_inv)");
   CollectiveAttrs at;
@@ -169,6 +169,7 @@ py::dict plan_collective_gemm(const std::vector<std::pair<std::vector<int64_t>, 
   at.use_split_accumulator = use_split_accumulator;
   at.sm_margin = sm_margin;
   at.keep_gathered = keep_gathered;
+  at.w_kn = w_kn;
   const te::ops::CollectiveGemmRequest r = collective_request({v[0], v[1], v[2], v[3]}, at, 0, te::DType(out_dtype));
   const te::ops::CollectiveGemmPlan plan = te::ops::plan_collective_gemm(r, plan_ctx(cuda));
   const auto dims = [](const te::ops::Shape& s) { return std::vector<int64_t>(s.dims, s.dims + s.ndim); };
@@ -263,7 +264,7 @@ PYBIND11_MODULE(_ffi, m) {
         py::arg("x_shape"), py::arg("x_dtype"), py::arg("grad_shape"), py::arg("quantizer"), py::arg("cuda"));
   m.def("plan_collective_gemm", &te_jax::plan_collective_gemm, py::arg("inputs"), py::arg("kind"), py::arg("tp"),
         py::arg("out_dtype"), py::arg("use_split_accumulator"), py::arg("sm_margin"), py::arg("keep_gathered"),
-        py::arg("cuda"));
+        py::arg("w_kn"), py::arg("cuda"));
   m.def("nccl_built", &te::comm::nccl_built);
   m.def("nccl_load", &te::comm::nccl_load, py::arg("path"));
   m.def("nccl_loaded", &te::comm::nccl_loaded);

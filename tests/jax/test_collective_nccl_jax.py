@@ -4,7 +4,9 @@ run checks, on the gathered results, that the all-gather + GEMM equals its chunk
 for bit (sm_margin 0: the same GEMM shapes and SMs) and is within bf16 of a float64 product; that the overlapped and
 non-overlapped forms give the same bytes; that the reduce-scatter equals the pure-JAX ppermute ring within FP32
 accumulation and a float64 product within bf16; FP8 current scaling; and the gradients of both against the unsharded
-float64 ones. On a machine with fewer GPUs the tests skip; the CPU checks the refusals."""
+float64 ones; and that tej.dense under jit with sharded arrays (sequence parallel) runs te_collective_gemm, its
+column layer the unsharded bytes, its row layer within bf16 of them. On a machine with fewer GPUs the tests skip; the
+CPU checks the refusals."""
 import os
 import socket
 import subprocess
@@ -99,6 +101,24 @@ dx, dw = jax.jit(jax.grad(lossk, argnums=(0, 1)))(xk, wk)
 rx, rw = gk @ wb[:n].astype(np.float64), gk.T @ xb.astype(np.float64)
 for got, want, what in ((host(dx), rx, "RS dx"), (host(dw), rw, "RS dw")):
     assert np.abs(got - want).max() <= 2 ** -6 * np.abs(want).max(), what
+
+# ---- tej.dense under jit with sharded arrays: the partitioning rules pick te_collective_gemm on GPUs ----------------
+xd = xb.reshape(1, M, K)
+k1, b1 = np.asarray(bf(w.T)), np.asarray(bf(rng.uniform(-1, 1, Nn)))  # kernel [K, N] (tej.dense's layout)
+col = lambda x, k, b: tej.dense(x, k, b, sequence_parallel=True)
+f = jax.jit(col, out_shardings=NamedSharding(mesh, P(None, None, "tp")))
+args = (put(xd, P(None, "tp", None)), put(k1, P(None, "tp")), put(b1, P("tp")))
+assert "te_collective_gemm" in f.lower(*args).compile().as_text(), "column dense: no te_collective_gemm"
+same(host(f(*args)).astype(np.float32), np.asarray(jax.jit(col)(one(xd), one(k1), one(b1)), np.float64)
+     .astype(np.float32), "column dense != unsharded")
+hd = np.asarray(bf(rng.uniform(-1, 1, (1, M, Nn))))
+k2 = np.asarray(bf(rng.uniform(-1, 1, (Nn, K)) * Nn ** -0.5))
+f = jax.jit(col, out_shardings=NamedSharding(mesh, P(None, "tp", None)))
+args = (put(hd, P(None, None, "tp")), put(k2, P("tp", None)), put(b1[:K], P()))
+assert "te_collective_gemm" in f.lower(*args).compile().as_text(), "row dense: no te_collective_gemm"
+want = np.asarray(jax.jit(col)(one(hd), one(k2), one(args[2])), np.float64)
+got = host(f(*args))
+assert np.abs(got - want).max() <= 2 ** -7 * np.abs(want).max(), "row dense far from unsharded"
 print("ok")
 """
 

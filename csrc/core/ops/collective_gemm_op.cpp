@@ -45,7 +45,7 @@ GemmRequest chunk_request(const CollectiveGemmRequest& r, int64_t m, DType d_dty
   g.a.data = r.w.data;
   g.a.dtype_code = r.w.dtype_code;
   g.a.scale_inv = r.w.scale_inv;
-  g.a.trans = true;
+  g.a.trans = !r.w_kn;
   g.b.data = view(Shape::of(m, r.x.data.v.shape.dims[1]), r.x.data.v.dtype);
   g.b.dtype_code = r.x.dtype_code;
   g.b.scale_inv = r.x.scale_inv;
@@ -73,7 +73,7 @@ CollectiveGemmPlan plan_collective_gemm(const CollectiveGemmRequest& r, const Ex
   p.req = r;
   const Shape& xs = r.x.data.v.shape;
   p.k = xs.dims[1];
-  p.n = r.w.data.v.shape.dims[0];
+  p.n = r.w.data.v.shape.dims[r.w_kn ? 1 : 0];
   if (ag) {
     p.m = xs.dims[0];
   } else {

@@ -3,6 +3,7 @@
 // transport (comm/transport.h).
 //
 //   all-gather (AG):     x_shard [m, k] on each rank, w [n, k]     → d [tp·m, n] = gather(x) · wᵀ
+//                        (w_kn: w stored [k, n], d = gather(x) · w; the same for the reduce-scatter)
 //   reduce-scatter (RS): x [tp·m, k] on each rank, w [n, k] (the rank's K shards) → d [m, n] = rows r of Σ_ranks x·wᵀ
 //
 // AG: at step i the rank multiplies chunk (r − i) mod tp (its own at step 0) while exchange i brings the next one
@@ -41,6 +42,7 @@ struct CollectiveGemmRequest {
   bool overlap = true;
   bool use_split_accumulator = true;                  // FP8: promoted accumulation
   bool allow_tf32 = false;                            // fp32 operands: TF32 tensor cores (off: full FP32)
+  bool w_kn = false;                                  // w stored [k, n] (plain operands only; FP8 takes [n, k])
   // CUDA: SMs the chunk GEMMs leave free for the exchanges' kernels (NCCL's send/receive run on SMs; a GEMM that
   // fills every SM delays them until it drains, which serialises what should overlap). 0: the GEMMs take every SM;
   // -1: the transport's default (Transport::default_sm_margin; resolve_sm_margin below).
