@@ -10,9 +10,10 @@ raised by every rank before the first exchange) and make the backward run the sa
 runs where x requires grad).
 
 Cost: one all_gather of tp × 704 bytes per call of the public ops (the backward's rings reuse the forward's checked
-shapes and do not repeat it). On a gloo group, or a group created with backend "cpu:gloo,cuda:nccl", the record
-travels through gloo on the host: no GPU sync. On a NCCL-only group it travels on the GPU and reading it back waits
-for the current stream once per call. `validate=False` on the op (or NVTE_COLLECTIVE_GEMM_VALIDATE=0; either must be
+shapes and do not repeat it). The record travels through gloo on the host, never waiting for the GPU: on a gloo or
+"cpu:gloo,cuda:nccl" group directly, on a NCCL-only group through a gloo twin of the same ranks made at its first
+check (by its members only). Only where torch cannot make that twin does the record go by NCCL, reading it back
+waiting for the current stream once per call. `validate=False` on the op (or NVTE_COLLECTIVE_GEMM_VALIDATE=0; either must be
 the same on every rank) keeps only the local checks, for hot loops whose shapes are known to agree: a mismatch then
 hangs or fails in the transport. The exchange is skipped (local checks only) while a CUDA graph is captured (a
 capture reuses the shapes its eager warm-up checked; reading a device value is not allowed there) and while
@@ -224,9 +225,31 @@ def _decide(recs, tp):
     return None
 
 
+_GLOO_TWINS: dict = {}
+
+
+def _gloo_twin(group):
+    """A gloo group of the same ranks as a NCCL-only `group`, made once (by its members only): the record travels on
+    the host, so the check never waits for the GPU. None where torch cannot make one (then the record goes by NCCL)."""
+    import torch.distributed as dist
+
+    key = id(group)
+    if key not in _GLOO_TWINS:
+        try:
+            ranks = dist.get_process_group_ranks(group)
+            _GLOO_TWINS[key] = (group, dist.new_group(ranks=ranks, backend="gloo", use_local_synchronization=True))
+        except Exception:  # noqa: BLE001  (no gloo in this build, an old torch: the NCCL path)
+            _GLOO_TWINS[key] = (group, None)
+    return _GLOO_TWINS[key][1]
+
+
 def _exchange(group, tp, values, types):
     import torch.distributed as dist
 
+    if "cpu" not in types:
+        twin = _gloo_twin(group)
+        if twin is not None:
+            group, types = twin, {"cpu"}
     device = torch.device("cpu") if "cpu" in types else torch.device("cuda", torch.cuda.current_device())
     mine = torch.tensor(values, dtype=torch.int64)
     if device.type != "cpu":
