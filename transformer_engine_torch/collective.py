@@ -78,12 +78,8 @@ def _group_name(group):
 
 
 def _margin(sm_margin) -> int:
-    """The op's sm_margin: None -> -1, the core's default for the transport (NCCL: SMs left to its kernels)."""
-    if sm_margin is None:
-        return -1
-    if int(sm_margin) < 0:
-        raise ValueError(f"collective GEMM: sm_margin must be >= 0 (None: the core's default), got {sm_margin}")
-    return int(sm_margin)
+    """None: -1, the core's default for the transport (which also refuses a negative margin)."""
+    return -1 if sm_margin is None else int(sm_margin)
 
 
 def _ag(x_shard, w, group, quantizer, out_dtype, return_gathered, comm_overlap, use_split_accumulator,
@@ -170,7 +166,7 @@ def all_gather_gemm(x_shard, w, group=None, *, quantizer=None, out_dtype=None, r
     _collective_checks). A group of one is the plain GEMM."""
     diff = _differentiable(x_shard, w)
     check(_AG, x_shard, w, group, quantizer=quantizer, out_dtype=out_dtype, return_gathered=return_gathered,
-          differentiable=diff, validate=validate)
+          differentiable=diff, validate=validate, sm_margin=sm_margin)
     if diff:
         return _AllGatherGemm.apply(x_shard, w, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
     y, gathered = _ag(x_shard, w, group, quantizer, out_dtype, return_gathered, comm_overlap, use_split_accumulator,
@@ -185,7 +181,8 @@ def gemm_reduce_scatter(x, w_shard, group=None, *, quantizer=None, out_dtype=Non
     (plain tensors): dx from the all-gather ring over dy, dw_shard from the dy it gathers. Every rank passes the same
     x and w_shard shapes and dtypes, M a multiple of tp; checked before the ring as in all_gather_gemm."""
     diff = _differentiable(x, w_shard)
-    check(_RS, x, w_shard, group, quantizer=quantizer, out_dtype=out_dtype, differentiable=diff, validate=validate)
+    check(_RS, x, w_shard, group, quantizer=quantizer, out_dtype=out_dtype, differentiable=diff, validate=validate,
+          sm_margin=sm_margin)
     if diff:
         return _GemmReduceScatter.apply(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
     return _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator, sm_margin)
