@@ -108,6 +108,20 @@ def _good_calls(tex, rank, device):
         y = tex.gemm_reduce_scatter(x_full[:, ks].contiguous(), w[:, ks].contiguous(), out_dtype=torch.float32,
                                     validate=validate)
         assert torch.equal(y, want[rank * M:(rank + 1) * M]), f"rank {rank}: RS after the faults is wrong"
+    # validate "once" (the default): a signature the group agreed on is not exchanged again; True exchanges each call
+    from transformer_engine_torch import _collective_checks as checks
+
+    exchanges, original = [], checks._exchange
+    checks._exchange = lambda *a: (exchanges.append(1), original(*a))[1]
+    try:
+        xs = x_full[rank * M:(rank + 1) * M].contiguous()
+        for _ in range(3):
+            tex.all_gather_gemm(xs, w, out_dtype=torch.float32)
+        once = len(exchanges)
+        tex.all_gather_gemm(xs, w, out_dtype=torch.float32, validate=True)
+    finally:
+        checks._exchange = original
+    assert once <= 1 and len(exchanges) == once + 1, f"rank {rank}: exchanges {once}, then {len(exchanges)}"
     # a group of one (every rank makes both groups; each uses its own): the plain GEMM, forward and backward
     groups = [dist.new_group([r]) for r in range(TP)]
     mine, other = groups[rank], groups[1 - rank]
