@@ -219,6 +219,44 @@ def nccl_case(tex, kind, shape, fmt, tp, rank, group, margins=()):
     return row
 
 
+def draw_times(title, series):
+    """A draw(fig) for Report.plot: each valid row's times over the GEMM alone, one bar per series present.
+    series: [(label, key)], the keys of the rows' times in us."""
+    def draw(fig, rows):
+        rows = [r for r in rows if r.get("valid")]
+        ax = fig.add_subplot(111)
+        bars = {label: [r[key] / r["gemm_us"] if r.get(key) else 0.0 for r in rows] for label, key in series
+                if any(r.get(key) for r in rows)}
+        H.grouped_bars(ax, [r["case"] for r in rows], bars, horizontal=True)
+        ax.axvline(1.0, color="gray", ls="--", lw=1)
+        ax.set_xlabel("time / the GEMM alone (lower is better; 1 = communication fully hidden)")
+        ax.set_title(title)
+        ax.legend()
+    return draw
+
+
+NCCL_SERIES = [("ours", "ours_us"), ("non-overlapped", "base_us"), ("torch symm-mem fused", "fused_us")]
+JAX_SERIES = [("ours (FFI + NCCL)", "ours_us"), ("non-overlapped", "base_us"), ("ppermute ring", "ring_us"),
+              ("XLA sharded einsum", "xla_us")]
+
+
+def replot(path):
+    """Re-renders a saved NCCL or JAX report's plot from its JSON (next to it), without a GPU."""
+    import json
+
+    with open(path) as f:
+        data = json.load(f)
+    report = H.Report(data.get("bench", os.path.splitext(os.path.basename(path))[0]), data.get("meta", {}))
+    rows = data.get("rows", [])
+    jax_mode = report.bench == "collective_jax"
+    title = (f"Collective GEMM in JAX, {report.meta.get('device', '')}" if jax_mode else
+             f"Collective GEMM over NCCL, {report.meta.get('device', '')}")
+    draw = draw_times(title, JAX_SERIES if jax_mode else NCCL_SERIES)
+    report.plot(os.path.splitext(os.path.basename(path))[0], lambda fig: draw(fig, rows), figsize=(10, 8))
+    report._save_plots(os.path.dirname(os.path.abspath(path)))
+    return 0
+
+
 def main_nccl(args):
     margins = [int(v) for v in args.sm_margins.split(",") if v] if args.sm_margins else []
     import torch.distributed as dist
@@ -256,6 +294,8 @@ def main_nccl(args):
                                     ">= 1.05x")
         report.print_targets("Targets (issue 23):")
         report.summary("cases", time.time() - t0)
+        draw = draw_times(f"Collective GEMM over NCCL, {report.meta['device']}", NCCL_SERIES)
+        report.plot("collective_nccl", lambda fig: draw(fig, report.rows), figsize=(10, 8))
         report.save(H.out_dir_of(args, partial=bool(args.only)), json_path=args.json)
     dist.barrier()
     dist.destroy_process_group()
@@ -392,6 +432,8 @@ def main_jax(args):
                 report.at_least(f"{r['case']}: ppermute ring / ours", r["ring_over_ours"], 1.0, "{:.3f}x", ">= 1x")
     report.print_targets("Targets (issues 22/23, JAX):")
     report.summary("cases", time.time() - t0)
+    draw = draw_times(f"Collective GEMM in JAX, {report.meta['device']}", JAX_SERIES)
+    report.plot("collective_jax", lambda fig: draw(fig, report.rows), figsize=(10, 8))
     report.save(H.out_dir_of(args, partial=bool(args.only)), json_path=args.json)
     return 0
 
@@ -404,7 +446,10 @@ def main():
                    help="NCCL mode: also time ours with these SM margins, e.g. 0,8,16,32")
     H.add_output_args(p)
     p.add_argument("--jax", action="store_true", help="the JAX mode: one process driving every visible GPU")
+    p.add_argument("--replot", metavar="JSON", help="re-render a saved NCCL or JAX report's plot (no GPU needed)")
     args = p.parse_args()
+    if args.replot:
+        return replot(args.replot)
     if args.jax:
         return main_jax(args)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
