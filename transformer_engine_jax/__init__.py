@@ -19,6 +19,7 @@ from .dense import dense
 from .mlp import mlp
 from .grouped_dense import grouped_dense
 from . import collective
+from . import collective_nccl
 
 
 def __getattr__(name):

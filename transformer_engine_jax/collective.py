@@ -1,7 +1,7 @@
 """Collective GEMM, the pure-JAX form (issue 22): the all-gather + GEMM and GEMM + reduce-scatter of tensor- and
 sequence-parallel layers as a ring of `ppermute`s around `tej.gemm` inside `shard_map`, so XLA can run each step's
 transfer while the previous chunk is multiplied. It runs on any mesh (the 8-device CPU mesh in the tests) and is the
-baseline that the FFI form with NCCL must beat on GPUs.
+baseline that the FFI form with NCCL (collective_nccl.py, which tej.gemm's partitioning picks on GPUs) beats there.
 
   all_gather_gemm    x [M/tp, K] per rank, w [N/tp, K] per rank (TN: y = x·wᵀ)  → y [M, N/tp] per rank
   gemm_reduce_scatter x [M, K/tp] per rank, w [N, K/tp] per rank                → y [M/tp, N] per rank
