@@ -19,7 +19,8 @@ watchdog ends it). `validate=True` (or NVTE_COLLECTIVE_GEMM_VALIDATE=always) exc
 (or =0, the same on every rank) keeps only the local checks. The backward's rings reuse the forward's checked
 shapes and do not repeat it. The exchange is skipped (local checks only) while a CUDA graph is captured (a capture
 reuses the shapes its eager warm-up checked; reading a device value is not allowed there) and while torch.compile
-traces. A group of one is the plain GEMM (nothing to exchange)."""
+traces. A group of one is refused (ValueError: not a collective; tex.Linear / tex.MLP with a tp_group of one run
+unsharded)."""
 from __future__ import annotations
 
 import os
@@ -265,7 +266,13 @@ def check(kind, x, w, group, *, quantizer=None, out_dtype=None, return_gathered=
     except Exception as e:  # noqa: BLE001  (every local error travels to the peers, then is raised by all)
         local = e
     mode = _mode(validate)
-    if tp == 1 or mode == "off" or not _exchange_possible(x):
+    if tp == 1:  # no peer waits on this rank: raised at once
+        if local is not None:
+            raise local
+        raise ValueError(f"{op}: the group has one rank; a collective GEMM needs a group of 2 or more (tp = 1 is the "
+                         f"plain GEMM: tex.general_gemm, or tex.Linear / tex.MLP, whose tp_group of one runs the "
+                         f"unsharded layer)")
+    if mode == "off" or not _exchange_possible(x):
         if local is not None:
             raise local
         return group

@@ -23,7 +23,7 @@ layers run those recipes through a non-overlapped path).
 
 Bad input never hangs: before the ring every rank runs its local checks and the ranks exchange one small record
 (_collective_checks.py), so a mismatch between ranks, or a bad operand on one rank, makes every rank raise the same
-error before any data moves. A group of one (tp = 1) is the plain GEMM: y = x·wᵀ, the gathered x is x.
+error before any data moves. A group of one (tp = 1) is refused: not a collective (tex.general_gemm is its GEMM).
 """
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def all_gather_gemm(x_shard, w, group=None, *, quantizer=None, out_dtype=None, r
     dx_shard comes from the reduce-scatter ring, dw from the gathered x kept by the forward. Every rank passes the
     same x_shard shape and dtype and the same w shape and dtype; before the ring the ranks exchange one small record
     and all raise the same error if they differ or one rank's operands are bad (`validate`: see
-    _collective_checks). A group of one is the plain GEMM."""
+    _collective_checks). A group of one is refused (ValueError)."""
     diff = _differentiable(x_shard, w)
     check(_AG, x_shard, w, group, quantizer=quantizer, out_dtype=out_dtype, return_gathered=return_gathered,
           differentiable=diff, validate=validate, sm_margin=sm_margin)

@@ -591,7 +591,7 @@ class Linear(_DelayedMixin, torch.nn.Module):
         if x.shape[-1] != k_local:
             what = "this rank's in_features shard" if self.parallel_mode == "row" else "in_features"
             raise ValueError(f"Linear: input last dim {x.shape[-1]} != {what} {k_local} (input shape {tuple(x.shape)})")
-        if self.parallel_mode is not None:
+        if self.parallel_mode is not None and self.tp_group.size() > 1:  # a group of one: the unsharded layer
             return self._tp_forward(x)
         if not is_fp8_enabled():
             return F.linear(x, self.weight, self.bias)
@@ -786,8 +786,8 @@ class MLP(_DelayedMixin, torch.nn.Module):
         if x.shape[-1] != self.hidden_size:
             raise ValueError(f"MLP: input last dim {x.shape[-1]} != hidden_size {self.hidden_size} "
                              f"(input shape {tuple(x.shape)})")
-        if self.tp_group is not None:  # fc1 column-parallel, fc2 row-parallel (Linear's tensor-parallel modes)
-            return self._tp_forward(x)
+        if self.tp_group is not None and self.tp_group.size() > 1:  # fc1 column-, fc2 row-parallel (a group of
+            return self._tp_forward(x)                                  # one: the unsharded MLP)
         if not is_fp8_enabled():
             return self._plain(x)
         recipe = get_fp8_recipe()

@@ -122,18 +122,20 @@ def _good_calls(tex, rank, device):
     finally:
         checks._exchange = original
     assert once <= 1 and len(exchanges) == once + 1, f"rank {rank}: exchanges {once}, then {len(exchanges)}"
-    # a group of one (every rank makes both groups; each uses its own): the plain GEMM, forward and backward
+    # a group of one (every rank makes both groups; each uses its own): refused at once (no peer waits on it); a
+    # tensor-parallel layer with a tp_group of one runs the unsharded layer
     groups = [dist.new_group([r]) for r in range(TP)]
     mine, other = groups[rank], groups[1 - rank]
     xs = x_full[:M].clone().requires_grad_()
-    y = tex.all_gather_gemm(xs, w, mine, out_dtype=torch.float32)
-    assert torch.equal(y, want[:M]), "tp = 1 all_gather_gemm is not the plain GEMM"
-    y.backward(torch.ones_like(y))
-    assert torch.equal(xs.grad.double(), torch.ones(M, N, dtype=torch.float64, device=device) @ w.double()), "tp = 1 dx"
-    y, gathered = tex.all_gather_gemm(xs.detach(), w, mine, out_dtype=torch.float32, return_gathered=True)
-    assert torch.equal(gathered, xs.detach()), "tp = 1: the gathered x is x"
-    y = tex.gemm_reduce_scatter(x_full, w, mine, out_dtype=torch.float32)
-    assert torch.equal(y, want), "tp = 1 gemm_reduce_scatter is not the plain GEMM"
+    for call in (lambda: tex.all_gather_gemm(xs, w, mine), lambda: tex.gemm_reduce_scatter(x_full, w, mine)):
+        with pytest.raises(ValueError, match=r"the group has one rank; a collective GEMM needs a group of 2 or more"):
+            call()
+    lin = tex.Linear(K, N, bias=False, tp_group=mine, parallel_mode="column", sequence_parallel=True, device=device,
+                     params_dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    y = lin(xs)
+    assert torch.equal(y, torch.nn.functional.linear(xs, w)), "a tp_group of one: Linear is not the unsharded layer"
     # a process outside the group it passes: refused at once (its peers are not waiting on it)
     with pytest.raises(ValueError, match=r"all_gather_gemm: this process \(global rank \d\) is not a member of the "
                                          r"group it passed"):
