@@ -67,7 +67,7 @@ void run(cudaStream_t stream, te::comm::Transport& transport, Buf x, Buf xs, Buf
   const char* op = kCollectiveGemmOp;
   if (transport.size() != at.tp) {
     te::fail(te::ErrorKind::kValue, te::ops::msg(op, ": the communicator's ring has ", te::ops::str(transport.size()),
-                                                 " ranks but the call was traced for tp = ", te::ops::str(int(at.tp))));
+                                            " ranks but the call was traced for tp = ", te::ops::str(int(at.tp))));
   }
   const CollectiveInputs in{view_of(x, op, "x"), view_of(xs, op, "x_scale_inv"), view_of(w, op, "w"),
                             view_of(ws, op, "w_scale_inv")};
@@ -77,9 +77,8 @@ void run(cudaStream_t stream, te::comm::Transport& transport, Buf x, Buf xs, Buf
   const te::ops::CollectiveGemmPlan plan = te::ops::plan_collective_gemm(r, ctx);
   const int64_t need = collective_workspace_bytes(plan);
   if (int64_t(workspace->size_bytes()) < need) {
-    const int64_t have = int64_t(workspace->size_bytes());
-    te::fail(te::ErrorKind::kValue,
-             te::ops::msg(op, ": the workspace has ", te::ops::str(have), " bytes, the plan needs ", te::ops::str(need)));
+    te::fail(te::ErrorKind::kValue, te::ops::msg(op, ": the workspace has ", te::ops::str(int64_t(workspace->size_bytes())),
+                                            " bytes, the plan needs ", te::ops::str(need)));
   }
   char* base = static_cast<char*>(te::gemm_align_workspace(workspace->untyped_data()));
   te::ops::CollectiveGemmIO io;
