@@ -249,7 +249,7 @@ def _exchange_possible(x):
 
 
 def check(kind, x, w, group, *, quantizer=None, out_dtype=None, return_gathered=False, differentiable=False,
-          validate=None, sm_margin=None):
+          validate=None, sm_margin=None, layout="TN"):
     """The checks before the ring of `kind` (AG or RS) on this rank's operands; returns the group (resolved) after
     every rank agreed, or raises the error every rank raises (module docstring)."""
     op = OP_NAMES[kind]
@@ -260,6 +260,9 @@ def check(kind, x, w, group, *, quantizer=None, out_dtype=None, return_gathered=
     local = None
     try:
         _local_checks(rec, kind, x, w, quantizer, out_dtype, return_gathered, differentiable, types)
+        if layout != "TN":
+            raise ValueError(f"{op}: layout {layout!r} is not supported; the collective GEMM takes \"TN\" (w [N, K], "
+                             f"D = X·Wᵀ): pass the weight's [N, K] copy")
         if sm_margin is not None and (not isinstance(sm_margin, int) or sm_margin < 0):
             raise ValueError(f"{op}: sm_margin must be an int >= 0 (the SMs the chunk GEMMs leave to the exchanges; "
                              f"None: the core's default), got {sm_margin!r}")

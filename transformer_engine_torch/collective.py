@@ -110,24 +110,24 @@ class _AllGatherGemm(torch.autograd.Function):
     with dy as x and wᵀ as the rank's K shard: N_local is the split dim), dw = dyᵀ·gathered x (no second gather)."""
 
     @staticmethod
-    def forward(ctx, x_shard, w, group, quantizer, out_dtype, comm_overlap, split):
-        y, gathered = _ag(x_shard, w, group, quantizer, out_dtype, True, comm_overlap, split)
+    def forward(ctx, x_shard, w, group, quantizer, out_dtype, comm_overlap, split, sm_margin):
+        y, gathered = _ag(x_shard, w, group, quantizer, out_dtype, True, comm_overlap, split, sm_margin)
         ctx.save_for_backward(w, gathered if quantizer is None else None)
         ctx.x_shard = x_shard if quantizer is not None else None
-        ctx.cfg = (group, comm_overlap)
+        ctx.cfg = (group, comm_overlap, sm_margin)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         w, gathered = ctx.saved_tensors
-        group, comm_overlap = ctx.cfg
+        group, comm_overlap, sm_margin = ctx.cfg
         dy = dy.contiguous().to(w.dtype)
         if gathered is None:  # quantized forward: the backward runs in the operands' precision (FP8 backward: TBD)
-            gathered = _ag(ctx.x_shard, w, group, None, None, True, comm_overlap, True)[1]
-        dx = _rs(dy, w.t().contiguous(), group, None, w.dtype, comm_overlap, True) \
+            gathered = _ag(ctx.x_shard, w, group, None, None, True, comm_overlap, True, sm_margin)[1]
+        dx = _rs(dy, w.t().contiguous(), group, None, w.dtype, comm_overlap, True, sm_margin) \
             if ctx.needs_input_grad[0] else None
         dw = _wgrad(dy, gathered) if ctx.needs_input_grad[1] else None
-        return dx, dw, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None
 
 
 class _GemmReduceScatter(torch.autograd.Function):
@@ -135,19 +135,19 @@ class _GemmReduceScatter(torch.autograd.Function):
     gathered dy), dw_shard = gathered dyᵀ·x."""
 
     @staticmethod
-    def forward(ctx, x, w_shard, group, quantizer, out_dtype, comm_overlap, split):
+    def forward(ctx, x, w_shard, group, quantizer, out_dtype, comm_overlap, split, sm_margin):
         ctx.save_for_backward(x if not isinstance(x, QuantizedTensor) else None, w_shard)
-        ctx.cfg = (group, comm_overlap)
-        return _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, split)
+        ctx.cfg = (group, comm_overlap, sm_margin)
+        return _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, split, sm_margin)
 
     @staticmethod
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
-        group, comm_overlap = ctx.cfg
+        group, comm_overlap, sm_margin = ctx.cfg
         dy = dy.contiguous().to(w.dtype)
-        dx, gathered = _ag(dy, w.t().contiguous(), group, None, w.dtype, True, comm_overlap, True)
+        dx, gathered = _ag(dy, w.t().contiguous(), group, None, w.dtype, True, comm_overlap, True, sm_margin)
         dw = _wgrad(gathered, x) if ctx.needs_input_grad[1] else None
-        return (dx if ctx.needs_input_grad[0] else None), dw, None, None, None, None, None
+        return (dx if ctx.needs_input_grad[0] else None), dw, None, None, None, None, None, None
 
 
 def _differentiable(*ts):
@@ -155,7 +155,7 @@ def _differentiable(*ts):
                                            and t.requires_grad for t in ts)
 
 
-def all_gather_gemm(x_shard, w, group=None, *, quantizer=None, out_dtype=None, return_gathered=False,
+def all_gather_gemm(x_shard, w, group=None, *, quantizer=None, layout="TN", out_dtype=None, return_gathered=False,
                     comm_overlap=True, use_split_accumulator=True, sm_margin=None, validate=None):
     """y [tp·m, N_local] = all_gather(x_shard [m, K]) · w [N_local, K]ᵀ over `group` (default: the world), the
     exchanges overlapped with the chunk GEMMs; with `return_gathered=True` also the gathered x [tp·m, K] (FP8: a
@@ -163,18 +163,19 @@ def all_gather_gemm(x_shard, w, group=None, *, quantizer=None, out_dtype=None, r
     dx_shard comes from the reduce-scatter ring, dw from the gathered x kept by the forward. Every rank passes the
     same x_shard shape and dtype and the same w shape and dtype; before the ring the ranks exchange one small record
     and all raise the same error if they differ or one rank's operands are bad (`validate`: see
-    _collective_checks). A group of one is refused (ValueError)."""
+    _collective_checks). A group of one is refused (ValueError). `layout`: "TN" (w [N, K], D = X·Wᵀ), the only one."""
     diff = _differentiable(x_shard, w)
     check(_AG, x_shard, w, group, quantizer=quantizer, out_dtype=out_dtype, return_gathered=return_gathered,
-          differentiable=diff, validate=validate, sm_margin=sm_margin)
+          differentiable=diff, validate=validate, sm_margin=sm_margin, layout=layout)
     if diff:
-        return _AllGatherGemm.apply(x_shard, w, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
+        return _AllGatherGemm.apply(x_shard, w, group, quantizer, out_dtype, comm_overlap, use_split_accumulator,
+                                    sm_margin)
     y, gathered = _ag(x_shard, w, group, quantizer, out_dtype, return_gathered, comm_overlap, use_split_accumulator,
                       sm_margin)
     return (y, gathered) if return_gathered else y
 
 
-def gemm_reduce_scatter(x, w_shard, group=None, *, quantizer=None, out_dtype=None, comm_overlap=True,
+def gemm_reduce_scatter(x, w_shard, group=None, *, quantizer=None, layout="TN", out_dtype=None, comm_overlap=True,
                         use_split_accumulator=True, sm_margin=None, validate=None):
     """y [M/tp, N]: this rank's rows of Σ_ranks x [M, K_local] · w_shard [N, K_local]ᵀ over `group`, the partial
     products of the other chunks computed while the running sums travel the ring. Differentiable in x and w_shard
@@ -182,9 +183,10 @@ def gemm_reduce_scatter(x, w_shard, group=None, *, quantizer=None, out_dtype=Non
     x and w_shard shapes and dtypes, M a multiple of tp; checked before the ring as in all_gather_gemm."""
     diff = _differentiable(x, w_shard)
     check(_RS, x, w_shard, group, quantizer=quantizer, out_dtype=out_dtype, differentiable=diff, validate=validate,
-          sm_margin=sm_margin)
+          sm_margin=sm_margin, layout=layout)
     if diff:
-        return _GemmReduceScatter.apply(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator)
+        return _GemmReduceScatter.apply(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator,
+                                        sm_margin)
     return _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumulator, sm_margin)
 
 

@@ -55,6 +55,8 @@ EXPECTED = {
     "rs_klocal_one_rank": (ValueError, r"operands differ in K:.*x \[8, 32\]"),
     "rs_out_dtype_one_rank": (TypeError, r"rank 1 of 2 failed.*out_dtype must be bf16, fp16 or fp32, got kFloat8E4M3"),
     "ag_sm_margin_one_rank": (ValueError, r"rank 1 of 2 failed.*sm_margin must be an int >= 0.*got -4"),
+    "rs_layout_nn": (ValueError, r"layout 'NN' is not supported; the collective GEMM takes \"TN\".*on every rank of "
+                                 r"the group of 2; no data was exchanged"),
 }
 
 
@@ -88,6 +90,7 @@ def _cases(tex, rank, device):
         "rs_klocal_one_rank": lambda: rs(rnd(TP * M, 2 * K), rnd(N, 2 * K)) if one else rs(xr, wr),
         "rs_out_dtype_one_rank": lambda: rs(xr, wr, out_dtype=tex.DType.kFloat8E4M3 if one else None),
         "ag_sm_margin_one_rank": lambda: ag(x, w, sm_margin=-4 if one else None),
+        "rs_layout_nn": lambda: rs(xr, wr, layout="NN"),
     }
 
 
