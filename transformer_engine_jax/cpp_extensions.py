@@ -2,8 +2,9 @@
 
 Output shapes and dtypes, the workspace size and every input check come from the core's planner (`_ffi.plan_act`),
 the same plan the handler runs, so a bad input raises ValueError / TypeError / NotImplementedError here, at trace
-time, with the core's message. Under jax.jit with a sharded x each call runs on every device's rows (sharding.py,
-_sharded_call). Buffers, in the order the handlers bind them (csrc/jax/activation.cpp):
+time, with the core's message. Under jax.jit with a sharded x each call runs on every device's rows, and plain and
+per-tensor calls also on its slice of x's last dim (sharding.py, _sharded_call). Buffers, in the order the handlers
+bind them (csrc/jax/activation.cpp):
   args     [dz] x scale amax rng
   results  data colwise_data scale_inv colwise_scale_inv amax colwise_amax [dbias] workspace
 """
@@ -219,18 +220,33 @@ def _row_group(quantizer, rows: int):
     return group if rows % group == 0 else None
 
 
-def _out_lead(quantizer, with_dbias: bool) -> tuple:
+def _out_last(quantizer, with_dbias: bool, gated_out: bool) -> tuple:
+    """Per result (data .. colwise_amax, dbias) of a call partitioned along x's own leading dims (_row_group 0), the
+    axis where it holds x's last dim K, which may be sharded as x's is (the values are elementwise along it, dbias a
+    sum per column; SPEC §4.8 layouts: data [..., K], the per-tensor colwise copy [K, ...], dbias [K]); None: no K
+    (scale_inv, amaxes, absent pieces). gated_out: a gated activation's backward, whose [..., 2K] / [2K, ...] pieces
+    are held as [..., 2, K] / [2, K, ...] (sharding K shards both halves alike)."""
+    layout = QuantizeLayout.ROWWISE if quantizer is None else quantizer.q_layout
+    return (-1 if layout.rowwise else None, (1 if gated_out else 0) if layout.colwise else None, None, None,
+            None, None) + ((0,) if with_dbias else ())
+
+
+def _out_lead(quantizer, with_dbias: bool, gated_out: bool = False) -> tuple:
     """Per result (data .. colwise_amax, dbias), the axis where x's leading dims or row groups start; None: a result
-    the same on every device (scale_inv and amax of per-tensor scaling, amaxes, dbias, absent pieces)."""
+    that holds none (scale_inv and amax of per-tensor scaling, amaxes, dbias, absent pieces). gated_out: the colwise
+    copy held as [2, K, ...] (_out_last)."""
     layout = QuantizeLayout.ROWWISE if quantizer is None else quantizer.q_layout
     used = (layout.rowwise, layout.colwise, layout.rowwise, layout.colwise)
     pieces = tuple(at if u else None for at, u in zip(_ROWS_AT[_mode(quantizer)], used))
+    if gated_out and pieces[1] is not None:
+        pieces = (pieces[0], pieces[1] + 1, *pieces[2:])
     return pieces + (None, None) + ((None,) if with_dbias else ())
 
 
 class _Partitioned(NamedTuple):
     """The static part of a partitioned call. Its arrays: [dz] x, the quantizer's leaves (its pytree structure
-    `qdef` holds the settings), [amax]; x (and dz) with their own leading dims, or as [G, group, ...] when grouped."""
+    `qdef` holds the settings), [amax]; x (and dz) with their own leading dims, or as [G, group, ...] when grouped.
+    out_last: _out_last's (None when grouped: x's last dim is whole on every device); gated_out: its gated split."""
     target: str
     op: str
     code: int | None
@@ -242,12 +258,15 @@ class _Partitioned(NamedTuple):
     grouped: bool
     out_lead: tuple
     x_trailing: int
+    out_last: tuple | None = None
+    gated_out: bool = False
 
 
-def _shard_call(c: _Partitioned, axes, *arrays):
-    """The call on one device's rows; `axes`: the mesh axes that shard them (empty: all rows are here). Global amaxes
-    (current scaling, NVFP4) are taken per shard and MAX-reduced before the cast, delayed scaling's updated amax
-    after it; dbias is summed over the shards in FP32. Results as _out_lead lays them out."""
+def _shard_call(c: _Partitioned, axes, last_axes, *arrays):
+    """The call on one device's block of x; `axes`, `last_axes`: the mesh axes that shard its rows and its last dim
+    (empty: all are here). Global amaxes (current scaling, NVFP4) are taken per shard and MAX-reduced over both
+    before the cast, delayed scaling's updated amax after it; dbias is summed over the row shards in FP32 (each
+    device keeps its columns). Results as _out_lead and _out_last lay them out."""
     dz, x = (arrays[0], arrays[1]) if c.backward else (None, arrays[0])
     rest = arrays[1 + c.backward:]
     quantizer = jax.tree_util.tree_unflatten(c.qdef, rest[:c.qdef.num_leaves])
@@ -258,13 +277,14 @@ def _shard_call(c: _Partitioned, axes, *arrays):
     core = x.shape if c.code is None else (*x.shape[:-2], x.shape[-2] * x.shape[-1])
     call = functools.partial(_call, c.target, c.op, c.code, c.backward, x=x, x_core_shape=core, dz=dz,
                              quantizer=quantizer, act_params=None if c.act_params is None else dict(c.act_params))
-    own_amax = bool(axes) and amax is None and _mode(quantizer) in _GLOBAL_AMAX
+    every = axes + last_axes
+    own_amax = bool(every) and amax is None and _mode(quantizer) in _GLOBAL_AMAX
     if own_amax:
-        amax = jax.lax.pmax(call(False, amax_only=True)[0][4], axes)
+        amax = jax.lax.pmax(call(False, amax_only=True)[0][4], every)
     out, _ = call(c.with_dbias, amax=amax, dbias_fp32=bool(axes))
     out = list(out[:7 if c.with_dbias else 6])
-    if axes and _mode(quantizer) == ScalingMode.DELAYED_TENSOR_SCALING:
-        out[4] = jax.lax.pmax(out[4], axes)  # max(history amax, the shard's) -> max(history amax, the tensor's)
+    if every and _mode(quantizer) == ScalingMode.DELAYED_TENSOR_SCALING:
+        out[4] = jax.lax.pmax(out[4], every)  # max(history amax, the shard's) -> max(history amax, the tensor's)
     if own_amax and _mode(quantizer) in _NVFP4 and not quantizer.q_layout.rowwise:
         out[4] = jnp.zeros_like(out[4])  # NVFP4 colwise only: the unsharded call leaves its zero amax argument there
     if axes and c.with_dbias:
@@ -272,6 +292,11 @@ def _shard_call(c: _Partitioned, axes, *arrays):
     if c.grouped:  # each piece's rows axis split into (groups, the rest)
         out = [o if at is None else o.reshape(*o.shape[:at], groups, -1, *o.shape[at + 1:])
                for o, at in zip(out, c.out_lead)]
+    if c.gated_out:  # the 2K axis as (2, K): [..., 2K] -> [..., 2, K], [2K, ...] -> [2, K, ...]
+        if c.out_last[0] is not None:
+            out[0] = out[0].reshape(*out[0].shape[:-1], 2, -1)
+        if c.out_last[1] is not None:
+            out[1] = out[1].reshape(2, -1, *out[1].shape[1:])
     return tuple(out)
 
 
@@ -286,25 +311,36 @@ def _partitioned_all_dims(c: _Partitioned):
 
 @functools.lru_cache(maxsize=None)
 def _partitioned(c: _Partitioned):
-    """The partitioned call of one static configuration, made once: jax caches by its identity."""
-    arg_lead = (0,) * (1 + c.backward) + (None,) * (c.qdef.num_leaves + c.amax_given)
+    """The partitioned call of one static configuration, made once: jax caches by its identity. Ungrouped, x's last
+    dim (and dz's) may be sharded as well (_out_last)."""
+    n_quantizer = c.qdef.num_leaves + c.amax_given
+    arg_lead = (0,) * (1 + c.backward) + (None,) * n_quantizer
+    arg_last = None if c.out_last is None else (-1,) * (1 + c.backward) + (None,) * n_quantizer
     plain = c.qdef == jax.tree_util.tree_structure(None) and not c.with_dbias
     return along_leading_dims(functools.partial(_shard_call, c), arg_lead, c.out_lead, c.x_trailing,
-                              elementwise=plain)
+                              elementwise=plain, arg_last=arg_last, out_last=c.out_last)
 
 
 def _sharded_call(target, op, code, with_dbias, x, x_core_shape, dz, quantizer, amax=None, act_params=None):
     """A call partitioned over x's rows under jax.jit with a sharded x (sharding.py), where that keeps the unsharded
     bytes (_row_group), else one unpartitioned call: (results data .. colwise_amax [dbias] in the unsharded shapes,
-    the plan's pieces), as _call."""
+    the plan's pieces), as _call. Plain and per-tensor calls also keep x's last dim sharded (_out_last); a gated
+    backward's data and colwise copy then come as [..., 2, K] and [2, K, ...], on every path."""
     backward = target == "te_dact_lu_dbias_quantize"
     n_lead = len(x_core_shape) - 1
     _, _, pieces, _ = _checked_plan(op, code, backward, with_dbias, x, x_core_shape, dz, quantizer,
                                     amax_given=amax is not None)  # the unsharded call's, checked
     rows = int(np.prod(x_core_shape[:-1], dtype=np.int64))
     group = _row_group(quantizer, rows)
+    gated_out = backward and group == 0 and x.shape[-2] == 2
     if group is None or n_lead < 1:
-        return _call(target, op, code, backward, with_dbias, x, x_core_shape, dz, quantizer, amax, act_params)
+        out, pieces = _call(target, op, code, backward, with_dbias, x, x_core_shape, dz, quantizer, amax, act_params)
+        if gated_out:
+            out = list(out)
+            out[:2] = [o.reshape(s) if p[0] else o
+                       for o, p, s in zip(out[:2], (pieces[_ROW_DATA], pieces[_COL_DATA]),
+                                          (x.shape, (2, x.shape[-1], *x.shape[:-2])))]
+        return out, pieces
     if group:
         x = x.reshape(rows // group, group, *x.shape[n_lead:])
         dz = None if dz is None else dz.reshape(rows // group, group, dz.shape[-1])
@@ -316,10 +352,13 @@ def _sharded_call(target, op, code, with_dbias, x, x_core_shape, dz, quantizer, 
         return [o.reshape(pieces[k][2]) if pieces[k][0] else o for o, k in zip(out, _RESULT_PIECES)], pieces
     c = _Partitioned(target, op, code, backward, with_dbias, jax.tree_util.tree_structure(quantizer),
                      None if act_params is None else tuple(act_params.items()), amax is not None, group > 0,
-                     _out_lead(quantizer, with_dbias), first.ndim - (1 if group else n_lead))
+                     _out_lead(quantizer, with_dbias, gated_out), first.ndim - (1 if group else n_lead),
+                     None if group else _out_last(quantizer, with_dbias, gated_out), gated_out)
     arrays = ([] if dz is None else [dz]) + [x, *jax.tree_util.tree_leaves(quantizer)] + \
         ([] if amax is None else [amax])
     out = _partitioned(c)(*arrays)
+    if not group:  # already in the unsharded shapes (a reshape here would gather a sharded last dim)
+        return list(out), pieces
     kinds = _RESULT_PIECES + (_GRAD_BIAS,)
     return [o.reshape(pieces[k][2]) if pieces[k][0] else o for o, k in zip(out, kinds)], pieces
 

@@ -108,10 +108,12 @@ def mlp(x, w1, b1, w2, b2, activation_type=("gelu",), quantizer_sets=(None, None
     Tensor parallel under jax.jit (tej.dense's rules): w1 sharded along F on mesh axis a (column parallel, with b1)
     and w2 along F on a (row parallel), x's tokens sharded on a as well (sequence parallel): fc1's fprop and fc2's
     dgrad are all-gather rings; sequence_parallel=True makes fc2's fprop and fc1's dgrad reduce-scatter rings, so
-    y and dx come back sharded along the tokens like x, with no weight gathered. Not yet: the fused activation
-    between the GEMMs is partitioned along the tokens only (sharding.py), so XLA gathers h [..., F] over a around
-    act_lu and its backward (activations, not weights); a gated w1 [K, 2, F] sharded along F is flattened to
-    [K, 2F], where XLA gathers it (shard a unary activation's w1, or run gated layers without F sharding)."""
+    y and dx come back sharded along the tokens like x, with no weight gathered. The fused activation between the
+    GEMMs and its backward run on each device's block of h [..., F] (sharded along F on a, and along the tokens on
+    other axes; sharding.py): no gather of h, dbias of b1 summed over the token axes only. Not yet: a gated w1
+    [K, 2, F] sharded along F is flattened to [K, 2F] for the GEMM, whose partitioner sees 2-D operands (a [2, F]
+    sharding along F is no sharding of 2F columns), so XLA gathers w1 and b1 there (shard a unary activation's w1,
+    or run gated layers without F sharding)."""
     layer = "tej.mlp"
     act = activation_of(activation_type)
     a_dim = 2 if act.gated else 1

@@ -8,7 +8,9 @@ Tensor + sequence parallel through tej.gemm's partitioning (gemm.py's sharding b
 backward (jax.vjp) against the unsharded call: a column-parallel tej.dense runs the all-gather ring (bytes equal) and
 its dgrad the reduce-scatter ring (FP32-sum tolerance); a row-parallel one with sequence_parallel=True the
 reduce-scatter ring (tolerance, and against float64) and its dgrad the all-gather ring (bytes equal); tej.mlp (fc1
-column, fc2 row) likewise; the compiled programs hold the rings' collective-permutes and gather no weight. Also: a
+column, fc2 row, gelu) likewise (and against float64), its fused activation and backward run on h [B, S, F] sharded
+along F; the compiled programs hold the rings' collective-permutes and gather no weight, nor anything along F (only
+token dims, for the wgrads). Also: a
 mesh axis of size 1 (no collective), MXFP8 (no ring, the same values), a token count the ring cannot split (a clear
 error), and tej.flax.Dense with sequence_parallel=True."""
 import pytest
@@ -150,7 +152,11 @@ for MESH in (Mesh(devices, ("tp",)), Mesh(devices.reshape(2, 4), ("dp", "tp"))):
         assert bits(got[1]) == bits(want[1]), (tag, "row dgrad")
         close(got[2], want[2], (tag, "dw2"))
         only_rings(compiled.as_text(), (tag, "row"), 2)
-    # tej.mlp (gelu): fc1 column, fc2 row; four rings, forward and backward; y and dx sharded like x
+    # tej.mlp (gelu): fc1 column, fc2 row; four rings, forward and backward; y and dx sharded like x; h stays sharded
+    # along F through the fused activation and its backward (dbias summed over the tokens, sharded along F)
+    hf = np.asarray(x, F64) @ np.asarray(w1, F64) + np.asarray(b1, F64)
+    gelu64 = 0.5 * hf * (1 + np.tanh(np.sqrt(2 / np.pi) * (hf + 0.044715 * hf ** 3)))
+    y64 = gelu64 @ np.asarray(w2, F64) + np.asarray(b2, F64)
     for recipe in (None, "current"):
         qs = (cs(), cs()) if recipe else (tej.QuantizerSet(), tej.QuantizerSet())
         tag = f"{MESH.axis_names} mlp {recipe}"
@@ -162,9 +168,19 @@ for MESH in (Mesh(devices, ("tp",)), Mesh(devices.reshape(2, 4), ("dp", "tp"))):
         args = (put(x, *tokens), put(w1, None, "tp"), put(b1, "tp"), put(w2, "tp", None), put(b2), put(g2, *tokens))
         compiled = compile_sharded(mlp_vjp, args, (tokens, tokens, (None, "tp"), ("tp",), ("tp", None), ()))
         got, want = compiled(*args), jax.jit(mlp_vjp)(x, w1, b1, w2, b2, g2)
+        # the same math as the unsharded run (every token's sum on one device, elementwise activation): its bytes;
+        # reduce-scatter rings and sums over dp: FP32 partial sums added in another order
+        exact = () if dp else ("dw1", "db1", "dw2") + (("db2",) if recipe is None else ())
         for name, a, b in zip(("y", "dx", "dw1", "db1", "dw2", "db2"), got, want):
-            close(a, b, (tag, name), 2.0 ** -6)  # (through the GELU of a pre-activation rounded to bf16)
-        only_rings(compiled.as_text(), tag, 4)
+            if name in exact:
+                assert bits(a) == bits(b), (tag, name)
+            else:
+                close(a, b, (tag, name), 2.0 ** -6)  # (through the GELU of a pre-activation rounded to bf16)
+        if recipe is None:  # (h and act(h) rounded to bf16)
+            close(got[0], y64, (tag, "y vs float64"), 2.0 ** -7)
+        text = compiled.as_text()
+        only_rings(text, tag, 4)
+        assert not [s for s in gathers(text) if str(F) in s.split(",")], (tag, "gathered along F", gathers(text))
 
 # a mesh axis of size 1: rings of one step, no collective-permute, the unsharded bytes
 MESH = Mesh(devices.reshape(8, 1), ("dp", "tp"))

@@ -2,9 +2,10 @@
 all-gather in the compiled HLO) and give the unsharded call's bytes in every result (data, colwise data, scale_inv,
 colwise scale_inv, amaxes); dbias, summed over the shards in FP32 and rounded once, is checked against a float64
 reference with SPEC §9's dbias tolerance (another addition order than the unsharded kernel's, so not bit for bit).
-Per-tensor quantize also shards along x's last dim (a row-parallel layer's K). A block-format call whose rows are not
-whole groups of 128 falls back (XLA gathers x) with the same bytes. Runs in a
-subprocess: the device count is fixed when jax starts."""
+Per-tensor quantize also shards along x's last dim (a row-parallel layer's K); plain and per-tensor activations,
+their backward and dbias do too (a column-parallel layer's hidden features, gated halves sharded alike), dbias summed
+over the token shards only and left sharded along K. A block-format call whose rows are not whole groups of 128 falls
+back (XLA gathers x) with the same bytes. Runs in a subprocess: the device count is fixed when jax starts."""
 import pytest
 
 pytest.importorskip("jax")
@@ -45,8 +46,10 @@ cases = (  # name, function, arguments, a block format (its rows sharded as one 
 )
 
 
-def check_dbias(name, got, args):  # against float64 sums of the FP32 act'(x) * dz, SPEC §9's bf16 dbias tolerance
-    values = tej.dact_lu(*(a.astype(jnp.float32) for a in args), "gelu")
+def check_dbias(name, got, args, values=None):  # against float64 sums of the FP32 act'(x) * dz (or of `values`), SPEC
+    # §9's bf16 dbias tolerance
+    if values is None:
+        values = tej.dact_lu(*(a.astype(jnp.float32) for a in args), "gelu")
     ref = np.asarray(values, np.float64).reshape(-1, values.shape[-1]).sum(axis=0)
     got = np.asarray(got, np.float64)
     tolerance = 1e-5 + 4 * 1.6e-2 * np.abs(ref)
@@ -82,6 +85,38 @@ for shape, spec in (((8,), P(None, "dp")), ((4, 2), P("dp", "sp")), ((4, 2), P("
         assert "all-gather" not in compiled.as_text(), (qname, shape, spec)
         col = tuple(got.colwise_data.sharding.spec) + (None, None)
         assert col[:2] == (spec[1], spec[0]), (qname, got.colwise_data.sharding.spec)
+
+# x's last dim K (a column-parallel layer's hidden features) sharded, alone or under sharded tokens: plain and
+# per-tensor calls run on each device's block (amaxes pmaxed over every axis, dbias summed over the token axes only,
+# left sharded along K: the unsharded bytes when the tokens are whole), gated ones with their two halves sharded
+# alike; the unsharded bytes and no all-gather
+feature_cases = (
+    ("plain swiglu", swiglu(None), (x,)),
+    ("current swiglu", swiglu(cs), (x,)),
+    ("delayed gelu", gelu(delayed), (x1,)),
+    ("plain dswiglu", lambda dz, x: tej.dact_lu(dz, x, "swiglu"), (dz, x)),
+    ("current dswiglu", lambda dz, x: tej.dact_lu(dz, x, "swiglu", cs), (dz, x)),
+    ("current dact dbias", dbias(cs), (dz, x1)),
+    ("current quantize dbias", lambda dz: tej.quantize_dbias(dz, cs), (dz,)),
+)
+for shape, (t0, t1, k) in (((8,), (None, None, "dp")), ((4, 2), ("dp", None, "sp"))):
+    mesh = Mesh(np.array(jax.devices()).reshape(shape), ("dp", "sp")[:len(shape)])
+    for name, f, args in feature_cases:
+        put = lambda a: jax.device_put(a, NamedSharding(mesh, P(t0, t1, *(None,) * (a.ndim - 3), k)))
+        sharded = tuple(put(a) for a in args)
+        compiled = jax.jit(f).lower(*sharded).compile()
+        got, want = compiled(*sharded), f(*args)
+        if "dbias" in name:  # (dx, dbias)
+            assert tuple(got[1].sharding.spec) == (k,), (name, shape, got[1].sharding.spec)
+            if t0 is None:  # every row on each device: its columns' sums, the unsharded bytes
+                assert leaves(got[1]) == leaves(want[1]), (name, shape)
+            else:
+                check_dbias(name, got[1], args, None if "dact" in name else args[0].astype(jnp.float32))
+            got, want = got[0], want[0]
+        assert leaves(got) == leaves(want), (name, shape)
+        assert "all-gather" not in compiled.as_text(), (name, shape, "an all-gather in the compiled program")
+        data = jax.tree_util.tree_leaves(got)[0]
+        assert tuple(data.sharding.spec)[-1] == k and tuple(data.sharding.spec)[0] == t0, (name, data.sharding.spec)
 
 # fallback: MXFP8 of 96 rows (scale rows padded to 128) is not partitioned: XLA gathers x, the bytes are unchanged
 mesh = Mesh(np.array(jax.devices()), ("dp",))
