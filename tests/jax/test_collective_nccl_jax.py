@@ -5,7 +5,8 @@ for bit (sm_margin 0: the same GEMM shapes and SMs) and is within bf16 of a floa
 non-overlapped forms give the same bytes; that the reduce-scatter equals the pure-JAX ppermute ring within FP32
 accumulation and a float64 product within bf16; FP8 current scaling; and the gradients of both against the unsharded
 float64 ones; and that tej.dense under jit with sharded arrays (sequence parallel) runs te_collective_gemm, its
-column layer the unsharded bytes, its row layer within bf16 of them. On a machine with fewer GPUs the tests skip; the
+column layer the unsharded bytes, its row layer within bf16 of them; and tej.mlp (fc1 column-, fc2 row-parallel,
+sequence parallel) forward and backward within bf16 of the unsharded MLP. On a machine with fewer GPUs the tests skip; the
 CPU checks the refusals."""
 import os
 import socket
@@ -120,6 +121,29 @@ assert "te_collective_gemm" in f.lower(*args).compile().as_text(), "row dense: n
 want = np.asarray(jax.jit(col)(one(hd), one(k2), one(b2)), np.float64)
 got = host(f(*args))
 assert np.abs(got - want).max() <= 2 ** -7 * np.abs(want).max(), "row dense far from unsharded"
+
+# ---- tej.mlp (gelu): fc1 column-, fc2 row-parallel, sequence parallel; forward and backward vs the unsharded MLP ---
+H, F = K, Nn
+r = lambda *shape, scale=1.0: np.asarray(bf(rng.uniform(-1, 1, shape) * scale))
+xm, gm = r(1, M, H), r(1, M, H)
+w1m, b1m, w2m, b2m = r(H, F, scale=H ** -0.5), r(F, scale=0.1), r(F, H, scale=F ** -0.5), r(H, scale=0.1)
+
+def mlp_vjp(x, w1, b1, w2, b2, g):
+    y, back = jax.vjp(lambda *p: tej.mlp(*p, sequence_parallel=True), x, w1, b1, w2, b2)
+    return (y,) + back(g)
+
+tok = P(None, "tp", None)
+specs = (tok, tok, P(None, "tp"), P("tp"), P("tp", None), P())
+f = jax.jit(mlp_vjp, out_shardings=tuple(NamedSharding(mesh, s) for s in specs))
+args = (put(xm, tok), put(w1m, P(None, "tp")), put(b1m, P("tp")), put(w2m, P("tp", None)), put(b2m, P()),
+        put(gm, tok))
+assert f.lower(*args).compile().as_text().count("te_collective_gemm") >= 2, "mlp: no te_collective_gemm"
+full = lambda a: np.asarray(a if a.is_fully_replicated else multihost_utils.process_allgather(a, tiled=True),
+                            np.float64)
+want = jax.jit(mlp_vjp)(*(one(a) for a in (xm, w1m, b1m, w2m, b2m, gm)))
+for name, a, b in zip(("y", "dx", "dw1", "db1", "dw2", "db2"), f(*args), want):
+    a, b = full(a), np.asarray(b, np.float64)
+    assert np.abs(a - b).max() <= 2 ** -6 * max(np.abs(b).max(), 1e-6), ("tej.mlp TP vs unsharded", name)
 print("ok")
 """
 
