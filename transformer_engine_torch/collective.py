@@ -12,10 +12,11 @@ completion first, then the same GEMMs: the non-overlapped baseline, the same byt
 GEMMs leave to the exchanges' kernels (None: the core's default for the transport — NCCL's send/receive kernels need
 SMs of their own, or they wait for a GEMM that fills the GPU to drain; gloo and the copy engine need none).
 
-FP8 (per tensor): x as a Float8Tensor (or a plain x and `quantizer`), w as a Float8Tensor; the codes travel as FP8
-with their scale_inv, each chunk multiplied with its own rank's scale. Autograd: for plain x and w, the backward is the
-mirrored ring (dgrad of the all-gather form is a reduce-scatter and vice versa) and the weight gradient reads the
-gathered x (or dy) the rings keep; with a quantizer these functions' own backward runs in the operands' precision.
+FP8 (per tensor): x and w as Float8Tensors, or plain with a `quantizer` (it quantizes each plain operand: x, and w
+unless w is already FP8); the codes travel as FP8 with their scale_inv, each chunk multiplied with its own rank's
+scale. Autograd: the backward is the mirrored ring (dgrad of the all-gather form is a reduce-scatter and vice versa)
+and the weight gradient reads the gathered x (or dy) the rings keep — with a quantizer the gathered FP8 codes and
+per-rank scales, decoded (no second all-gather); these functions' own backward GEMMs run in x's plain dtype.
 The tensor-parallel tex.Linear / tex.MLP (modules.py) call the ops outside autograd and run their backward with FP8
 GEMMs on the same rings (quantized dy, E5M2 under HYBRID). Not yet: FP8 backward GEMMs in these functions' own
 autograd; MXFP8 / NVFP4 / FP8-block operands (NotImplementedError: the op carries one scale per rank's chunk; the
@@ -59,10 +60,12 @@ def _operand(name, t, op):
 
 
 def _prepare(op, x, w, quantizer, out_dtype):
-    if quantizer is not None:
+    if quantizer is not None:  # it quantizes the plain operands: x, and w unless w already is FP8
         if isinstance(x, QuantizedTensor):
             raise ValueError(f"{op}: quantizer quantizes a plain x; x is already {type(x).__name__}")
         x = quantize(x, quantizer)
+        if not isinstance(w, QuantizedTensor):
+            w = quantize(w.detach(), quantizer)
     xd, xs, xc = _operand("x", x, op)
     wd, ws, wc = _operand("w", w, op)
     if out_dtype is None:
@@ -98,6 +101,17 @@ def _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumul
                       bool(use_split_accumulator), False, _margin(sm_margin)))[0]
 
 
+def _dequantized_chunks(codes, scales, fp8_dtype, dtype):
+    """The gathered FP8 x [tp·m, K] (codes, one scale_inv per rank's chunk) decoded chunk by chunk to `dtype`."""
+    dq = torch.ops.te.dequantize_fp8.default
+    return torch.cat([dq(c, s.reshape(1), int(fp8_dtype), dtype)
+                      for c, s in zip(codes.chunk(scales.numel()), scales.unbind())])
+
+
+def _plain(w, dtype):
+    return w.dequantize(dtype) if isinstance(w, QuantizedTensor) else w
+
+
 def _wgrad(dy, x):
     """dw [N, K] = dyᵀ · x for dy [M, N], x [M, K] (the local weight-gradient GEMM, x's dtype)."""
     from .gemm import general_gemm
@@ -107,26 +121,39 @@ def _wgrad(dy, x):
 
 class _AllGatherGemm(torch.autograd.Function):
     """Forward y = AG(x_shard)·wᵀ, keeping the gathered x. Backward: dx_shard = RS(dy·w) (the reduce-scatter ring
-    with dy as x and wᵀ as the rank's K shard: N_local is the split dim), dw = dyᵀ·gathered x (no second gather)."""
+    with dy as x and wᵀ as the rank's K shard: N_local is the split dim), dw = dyᵀ·gathered x (no second gather).
+    With a quantizer the gathered x is kept as the FP8 codes and per-chunk scales that travelled, decoded for the
+    weight gradient; the backward GEMMs run in x's plain dtype (w: its plain values)."""
 
     @staticmethod
     def forward(ctx, x_shard, w, group, quantizer, out_dtype, comm_overlap, split, sm_margin):
         y, gathered = _ag(x_shard, w, group, quantizer, out_dtype, True, comm_overlap, split, sm_margin)
-        ctx.save_for_backward(w, gathered if quantizer is None else None)
-        ctx.x_shard = x_shard if quantizer is not None else None
+        if quantizer is None:
+            ctx.save_for_backward(gathered)
+            ctx.fp8 = None
+        else:
+            codes, scales = gathered
+            ctx.save_for_backward(codes, scales)
+            ctx.fp8 = (quantizer.dtype, x_shard.dtype)
+        ctx.w = w  # a plain parameter or a Float8Tensor (not a saveable variable)
         ctx.cfg = (group, comm_overlap, sm_margin)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        w, gathered = ctx.saved_tensors
         group, comm_overlap, sm_margin = ctx.cfg
-        dy = dy.contiguous().to(w.dtype)
-        if gathered is None:  # quantized forward: the backward runs in the operands' precision (FP8 backward: TBD)
-            gathered = _ag(ctx.x_shard, w, group, None, None, True, comm_overlap, True, sm_margin)[1]
-        dx = _rs(dy, w.t().contiguous(), group, None, w.dtype, comm_overlap, True, sm_margin) \
+        if ctx.fp8 is None:
+            (gathered,) = ctx.saved_tensors
+            dtype = gathered.dtype
+        else:
+            fp8_dtype, dtype = ctx.fp8
+            gathered = _dequantized_chunks(*ctx.saved_tensors, fp8_dtype, dtype)
+        w = _plain(ctx.w, dtype).to(dtype)
+        dy = dy.contiguous().to(dtype)
+        dx = _rs(dy, w.t().contiguous(), group, None, dtype, comm_overlap, True, sm_margin) \
             if ctx.needs_input_grad[0] else None
-        dw = _wgrad(dy, gathered) if ctx.needs_input_grad[1] else None
+        dw = _wgrad(dy, gathered).to(ctx.w.dtype) if ctx.needs_input_grad[1] else None
+        ctx.w = None
         return dx, dw, None, None, None, None, None, None
 
 
@@ -136,17 +163,24 @@ class _GemmReduceScatter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w_shard, group, quantizer, out_dtype, comm_overlap, split, sm_margin):
-        ctx.save_for_backward(x if not isinstance(x, QuantizedTensor) else None, w_shard)
+        plain = not isinstance(x, QuantizedTensor)
+        ctx.save_for_backward(x if plain else None)  # the plain x (a quantizer's FP8 copy is not kept)
+        ctx.x = None if plain else x                   # an FP8 x: its values serve the weight gradient
+        ctx.w = w_shard                                # a plain parameter or a Float8Tensor (not a saveable variable)
         ctx.cfg = (group, comm_overlap, sm_margin)
         return _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, split, sm_margin)
 
     @staticmethod
     def backward(ctx, dy):
-        x, w = ctx.saved_tensors
+        (x,) = ctx.saved_tensors
+        if x is None:
+            x = ctx.x.dequantize(ctx.x.dtype)
         group, comm_overlap, sm_margin = ctx.cfg
-        dy = dy.contiguous().to(w.dtype)
-        dx, gathered = _ag(dy, w.t().contiguous(), group, None, w.dtype, True, comm_overlap, True, sm_margin)
-        dw = _wgrad(gathered, x) if ctx.needs_input_grad[1] else None
+        w = _plain(ctx.w, x.dtype).to(x.dtype)
+        dy = dy.contiguous().to(x.dtype)
+        dx, gathered = _ag(dy, w.t().contiguous(), group, None, x.dtype, True, comm_overlap, True, sm_margin)
+        dw = _wgrad(gathered, x).to(ctx.w.dtype) if ctx.needs_input_grad[1] else None
+        ctx.w = ctx.x = None
         return (dx if ctx.needs_input_grad[0] else None), dw, None, None, None, None, None, None
 
 

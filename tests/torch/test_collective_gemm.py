@@ -112,6 +112,22 @@ def check_rank(tex, rank, tp, device):
     tex.gemm_reduce_scatter(xr, wr).backward(g_full[rows])
     close(xr.grad, g_full.double() @ w_full[:, ks[rank]].double(), "RS dgrad (all-gather ring)")
     close(wr.grad, g_full.double().t() @ x_full[:, ks[rank]].double(), "RS wgrad (the gathered dy)")
+    # with a quantizer (x and w quantized per rank, FP8 forward): the forward's bytes are the non-autograd call's; dx
+    # from the plain w, dw from the gathered FP8 x decoded (its codes and per-rank scales: no second all-gather)
+    q8 = lambda: current_quantizer("e4m3", columnwise=False)  # noqa: E731
+    xs, wr = xa[rows].clone().requires_grad_(), wa.clone().requires_grad_()
+    y8 = tex.all_gather_gemm(xs, wr, quantizer=q8())
+    assert torch.equal(y8, tex.all_gather_gemm(xa[rows].contiguous(), tex.quantize(wa, q8()), quantizer=q8())), \
+        f"rank {rank}: the FP8 autograd forward differs from the plain call"
+    y8.backward(dys[rank])
+    close(xs.grad, dx_full[rows], "AG FP8 dgrad (plain w)")
+    x8 = torch.cat([tex.quantize(xa[c * m:(c + 1) * m].contiguous(), q8()).dequantize(torch.float32).double()
+                    for c in range(tp)])
+    close(wr.grad, dys[rank].double().t() @ x8, "AG FP8 wgrad (the gathered codes, decoded)")
+    xr = x_full[:, ks[rank]].contiguous().requires_grad_()
+    wq = tex.quantize(w_full[:, ks[rank]].contiguous(), q8())  # an FP8 w without grad: dx from its values
+    tex.gemm_reduce_scatter(xr, wq, quantizer=q8()).backward(g_full[rows])
+    close(xr.grad, g_full.double() @ wq.dequantize(torch.float32).double(), "RS FP8 dgrad (FP8 w's values)")
     # ---- errors ----------------------------------------------------------------------------------------------
     # the op called directly with a DType code that is not the tensor's: refused by the core, never read as bf16
     group_name = __import__("torch.distributed", fromlist=["group"]).group.WORLD.group_name
