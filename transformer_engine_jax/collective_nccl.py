@@ -30,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 
 from . import _ffi
 from .cpp_extensions import _register
+from .collective import _quantized, _shard_map
 from .gemm import _CODE, _DTYPE, gemm
 from .scaled_tensor import ScaledTensor
 
@@ -138,25 +139,9 @@ def _operand(a, quantizer, axis):
     """(values or FP8 codes, scale_inv f32[1] or empty): FP8 with the amax reduced over `axis`."""
     if quantizer is None:
         return a, jnp.zeros((0,), jnp.float32)
-    from .collective import _quantized
-
     q = _quantized(a, quantizer, axis)
     assert isinstance(q, ScaledTensor)
     return q.data, q.scale_inv.reshape(1).astype(jnp.float32)
-
-
-def _shard_map(f, mesh, in_specs, out_specs):
-    """shard_map without its replication check (an FFI call's outputs carry no replication facts; the gathered x is
-    the same on every rank by construction)."""
-    sm = getattr(jax, "shard_map", None)
-    if sm is None:  # older jax
-        from jax.experimental.shard_map import shard_map as sm
-    for flag in ("check_vma", "check_rep"):
-        try:
-            return sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, **{flag: False})
-        except TypeError:
-            continue
-    return sm(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs)
 
 
 def _margin(sm_margin) -> int:
@@ -164,28 +149,23 @@ def _margin(sm_margin) -> int:
     return -1 if sm_margin is None else int(sm_margin)
 
 
-def _ag_fwd_sharded(x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype, keep):
+def _sharded(kind, x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype, keep=False):
+    """te_collective_gemm on every device of the mesh. All-gather: x [M, K] sharded along M, w [N, K] along N -> y
+    sharded along N (keep: also the gathered x, replicated). Reduce-scatter: x and w sharded along K -> y sharded
+    along M."""
     key, tp = initialize(mesh, axis), mesh.shape[axis]
 
     def local(x, w):
         xd, xs = _operand(x, xq, axis)
         wd, ws = _operand(w, wq, axis)
-        out, g = _call(_AG, key, tp, xd, xs, wd, ws, out_dtype, overlap, sm_margin, keep)
+        out, g = _call(kind, key, tp, xd, xs, wd, ws, out_dtype, overlap, sm_margin, keep)
         return (out, g) if keep else out
 
-    outs = (P(None, axis), P(None, None)) if keep else P(None, axis)
-    return _shard_map(local, mesh, (P(axis, None), P(axis, None)), outs)(x, w)
-
-
-def _rs_fwd_sharded(x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype):
-    key, tp = initialize(mesh, axis), mesh.shape[axis]
-
-    def local(x, w):
-        xd, xs = _operand(x, xq, axis)
-        wd, ws = _operand(w, wq, axis)
-        return _call(_RS, key, tp, xd, xs, wd, ws, out_dtype, overlap, sm_margin, False)[0]
-
-    return _shard_map(local, mesh, (P(None, axis), P(None, axis)), P(axis, None))(x, w)
+    if kind == _AG:
+        ins, out = (P(axis, None), P(axis, None)), P(None, axis)
+    else:
+        ins, out = (P(None, axis), P(None, axis)), P(axis, None)
+    return _shard_map(local, mesh, ins, (out, P(None, None)) if keep else out, check=False)(x, w)
 
 
 def _check(op, x, w, mesh, axis, split_x_dim):
@@ -202,14 +182,14 @@ def _check(op, x, w, mesh, axis, split_x_dim):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6, 7, 8))
 def _ag(x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype):
-    return _ag_fwd_sharded(x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype, False)
+    return _sharded(_AG, x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype)
 
 
 def _ag_fwd(x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype):
     if xq is None and wq is None:
-        y, gathered = _ag_fwd_sharded(x, w, mesh, axis, None, None, overlap, sm_margin, out_dtype, True)
+        y, gathered = _sharded(_AG, x, w, mesh, axis, None, None, overlap, sm_margin, out_dtype, keep=True)
         return y, (gathered, w, None)
-    y = _ag_fwd_sharded(x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype, False)
+    y = _sharded(_AG, x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype)
     return y, (None, w, x)
 
 
@@ -220,7 +200,7 @@ def _ag_bwd(mesh, axis, xq, wq, overlap, sm_margin, out_dtype, res, dy):
         gathered = jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, P(None, None)))
     # dx [M, K] sharded along M = reduce-scatter over the ranks' dy [M, N/tp] · w [N/tp, K]: the RS ring with
     # "x" = dy (split along N) and "w" = wᵀ [K, N] (split along N).
-    dx = _rs_fwd_sharded(dy, w.T, mesh, axis, None, None, overlap, sm_margin, w.dtype)
+    dx = _sharded(_RS, dy, w.T, mesh, axis, None, None, overlap, sm_margin, w.dtype)
     dx = dx.astype(gathered.dtype if x is None else x.dtype)
     dw = gemm(dy, gathered, ((0,), (0,)), out_dtype=w.dtype)  # dyᵀ · gathered x: [N, K], sharded along N
     return dx, dw
@@ -231,7 +211,7 @@ _ag.defvjp(_ag_fwd, _ag_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6, 7, 8))
 def _rs(x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype):
-    return _rs_fwd_sharded(x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype)
+    return _sharded(_RS, x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype)
 
 
 def _rs_fwd(x, w, mesh, axis, xq, wq, overlap, sm_margin, out_dtype):
@@ -243,7 +223,7 @@ def _rs_bwd(mesh, axis, xq, wq, overlap, sm_margin, out_dtype, res, dy):
     dy = dy.astype(w.dtype)
     # dx [M, K] sharded along K = all-gather of dy [M/tp, N] times w [N, K/tp]: the AG ring with "w" = wᵀ [K, N]
     # sharded along K, keeping the gathered dy for dw.
-    dx, gathered = _ag_fwd_sharded(dy, w.T, mesh, axis, None, None, overlap, sm_margin, w.dtype, True)
+    dx, gathered = _sharded(_AG, dy, w.T, mesh, axis, None, None, overlap, sm_margin, w.dtype, keep=True)
     dw = gemm(gathered, x, ((0,), (0,)), out_dtype=w.dtype)  # dyᵀ · x: [N, K], sharded along K
     return dx.astype(x.dtype), dw
 

@@ -324,8 +324,9 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
 # reduce-scatter form is asked for (`sequence_parallel`); the all-gather form follows from the shardings alone (the
 # weight is never gathered for it). The Shardy rule cannot say either form (out's M is lhs's factor): a ring's out
 # keeps its sharding where its consumers take it so (a sequence-parallel residual add, jit's out_shardings), else XLA
-# reshards it after the call (the reduce-scatter's out gathered: the values stay right). M and N shard together (a 2-D mesh); an lhs [M..., K] keeps its M dims, each
-# sharded on its own axes (batch and sequence parallel), except under the backward epilogues (M flattened there).
+# reshards it after the call (the reduce-scatter's out gathered: the values stay right). M and N shard together (a
+# 2-D mesh); an lhs [M..., K] keeps its M dims, each sharded on its own axes (batch and sequence parallel), except
+# under the backward epilogues (M flattened there).
 # The all-gather ring needs a to be the last axis of its M dim's entry (so that the gathered rows are whole blocks),
 # one shared axis, lhs K-last, plain or FP8 per-tensor operands (FP8 codes travel; one scale on every shard) and no
 # backward epilogue, and runs K unsharded; other M/N overlaps drop N's shared axes (XLA gathers that part of rhs).
@@ -523,7 +524,8 @@ def _ffi_ring_body(mesh, form: _Form, out_dtype, attrs: dict, arg_shapes):
     exchanges overlapped with the chunk GEMMs on the GPU), or None where only the ppermute ring applies: devices other
     than GPUs or a build without NCCL, an epilogue (GELU, backward) or transposed lhs, FP8 other than per tensor, or
     gathered/scattered rows that are not the leading dim of lhs's rows (a sequence dim sharded under an
-    unsharded batch dim: its chunks are not contiguous rows). rhs may be [N, K] or, plain, [K, N] (tej.dense's kernel)."""
+    unsharded batch dim: its chunks are not contiguous rows). rhs may be [N, K] or, plain, [K, N] (tej.dense's
+    kernel)."""
     from . import collective_nccl as N  # (imports this module)
 
     lhs, lhs_s, rhs, rhs_s, bias, _ = arg_shapes
@@ -531,9 +533,8 @@ def _ffi_ring_body(mesh, form: _Form, out_dtype, attrs: dict, arg_shapes):
             or attrs["lhs_scaling"] not in (0, 1) or attrs["rhs_scaling"] != attrs["lhs_scaling"]
             or (attrs["lhs_scaling"] and not attrs["rhs_transposed"])):
         return None
-    local = [n // _split(mesh, a) for n, a in zip(lhs.shape, _spec_axes(lhs))]
-    d = form.dim if form.kind == "all_gather" else (len(lhs.shape) - 2 if len(lhs.shape) > 2 else 0)
-    if any(n != 1 for n in local[:d]):
+    d = form.dim  # lhs K-last (not transposed): the M dims are lhs's leading dims, form.dim indexes them
+    if any(lhs.shape[i] // math.prod(mesh.shape[a] for a in _axes(lhs, i)) != 1 for i in range(d)):
         return None
     tp = mesh.shape[form.axis]
     key = N.initialize(mesh, form.axis)
@@ -555,18 +556,6 @@ def _ffi_ring_body(mesh, form: _Form, out_dtype, attrs: dict, arg_shapes):
         return out.reshape(*rows, -1), empty, empty
 
     return body
-
-
-def _spec_axes(arg) -> list:
-    """Per dim of a sharded argument: its PartitionSpec entry (None, an axis name or a tuple of names)."""
-    spec = tuple(arg.sharding.spec) + (None,) * len(arg.shape)
-    return list(spec[:len(arg.shape)])
-
-
-def _split(mesh, entry) -> int:
-    """How many shards a PartitionSpec entry makes."""
-    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-    return int(np.prod([mesh.shape[a] for a in axes])) if axes else 1
 
 
 @functools.lru_cache(maxsize=None)

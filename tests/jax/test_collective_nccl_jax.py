@@ -239,3 +239,76 @@ except ValueError as e:
     assert "ring of 2 or more" in str(e), e
 print("ok")
 """)
+
+
+GLUE = r"""
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import transformer_engine_jax as tej
+from transformer_engine_jax import collective_nccl as N
+
+AX = "tp"
+def fake_call(kind, key, tp, x, xs, w, ws, out_dtype, overlap, sm_margin, keep, w_kn=False):
+    f32 = lambda a, s: a.astype(jnp.float32) * (s[0] if s.shape[0] else 1.0)
+    wm = f32(w, ws)
+    wm = wm if w_kn else wm.T          # [k, n]
+    if kind == N._AG:
+        xg = jax.lax.all_gather(x, AX, tiled=True)
+        out = (f32(xg, xs) @ wm).astype(out_dtype)
+        return out, (xg if keep else None)
+    part = f32(x, xs) @ wm
+    return jax.lax.psum_scatter(part, AX, scatter_dimension=0, tiled=True).astype(out_dtype), None
+N._call = fake_call
+N.available = lambda mesh=None: True
+N.initialize = lambda mesh, axis: 0
+mesh = Mesh(np.array(jax.devices()), (AX,))
+rng = np.random.default_rng(0)
+M, K, Nn = 64, 32, 48
+bf = lambda *s: jnp.asarray(rng.uniform(-1, 1, s), jnp.bfloat16)
+x, w, g = bf(M, K), bf(Nn, K), bf(M, Nn)
+put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
+f64 = lambda a: np.asarray(a, np.float64)
+def close(a, b, what, tol=2**-6):
+    a, b = f64(a), f64(b)
+    assert np.abs(a - b).max() <= tol * np.abs(b).max(), (what, np.abs(a - b).max())
+# AG forward + grads
+loss = lambda f: lambda x, w: jnp.sum(f(x, w).astype(jnp.float32) * g.astype(jnp.float32))
+ag = lambda x, w: N.all_gather_gemm(x, w, mesh, AX)
+y = jax.jit(ag)(put(x, P(AX, None)), put(w, P(AX, None)))
+close(y, f64(x) @ f64(w).T, "AG y")
+dx, dw = jax.jit(jax.grad(loss(ag), argnums=(0, 1)))(put(x, P(AX, None)), put(w, P(AX, None)))
+close(dx, f64(g) @ f64(w), "AG dx"); close(dw, f64(g).T @ f64(x), "AG dw")
+# RS forward + grads
+w2 = bf(Nn, K)
+rs = lambda x, w: N.gemm_reduce_scatter(x, w, mesh, AX)
+y = jax.jit(rs)(put(x, P(None, AX)), put(w2, P(None, AX)))
+close(y, f64(x) @ f64(w2).T, "RS y")
+dx, dw = jax.jit(jax.grad(loss(rs), argnums=(0, 1)))(put(x, P(None, AX)), put(w2, P(None, AX)))
+close(dx, f64(g) @ f64(w2), "RS dx"); close(dw, f64(g).T @ f64(x), "RS dw")
+# FP8 AG forward
+q = lambda: tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.CURRENT_TENSOR_SCALING, q_dtype=jnp.float8_e4m3fn,
+                                        q_layout=tej.QuantizeLayout.ROWWISE)
+ag8 = lambda x, w: N.all_gather_gemm(x, w, mesh, AX, x_quantizer=q(), w_quantizer=q())
+y8 = jax.jit(ag8)(put(x, P(AX, None)), put(w, P(AX, None)))
+close(y8, f64(x) @ f64(w).T, "AG fp8", 0.1)
+# tej.dense through the partitioning rules -> _ffi_ring_body
+xd = x.reshape(1, M, K); k1, b1 = w.T, bf(Nn)
+col = lambda x, k, b: tej.dense(x, k, b, sequence_parallel=True)
+f = jax.jit(col, out_shardings=NamedSharding(mesh, P(None, None, AX)))
+args = (put(xd, P(None, AX, None)), put(k1, P(None, AX)), put(b1, P(AX)))
+txt = f.lower(*args).compile().as_text()
+assert "all-gather" in txt, "the emulated FFI body was not used"
+close(f(*args), f64(xd) @ f64(k1) + f64(b1), "column dense")
+h = bf(1, M, Nn); k2 = bf(Nn, K)
+f = jax.jit(col, out_shardings=NamedSharding(mesh, P(None, AX, None)))
+args = (put(h, P(None, None, AX)), put(k2, P(AX, None)), put(b1[:K], P()))
+close(f(*args), f64(h) @ f64(k2) + f64(b1[:K]), "row dense")
+print("ok")
+"""
+
+
+def test_collective_nccl_glue_on_cpu(run_on_cpu_mesh):
+    """collective_nccl's Python side — shard_map specs, the custom_vjp mirrored rings, FP8 operands, and tej.gemm's
+    partitioning handing the ring forms to te_collective_gemm — on the CPU mesh, with the FFI call replaced by its
+    meaning in jax collectives (all_gather / psum_scatter around float32 matmuls); results against float64."""
+    run_on_cpu_mesh(GLUE)
