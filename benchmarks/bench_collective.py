@@ -6,9 +6,9 @@ This run is the one-GPU loopback mode: one rank of tp is simulated, its ring exc
 chunks with the copy engine on a stream of their own, with the events of a real exchange (tex.collective.
 all_gather_gemm_loopback / gemm_reduce_scatter_loopback). It times the overlap machinery — stream order, events,
 chunked GEMMs — not NVLink or NCCL. Under torchrun (WORLD_SIZE > 1) the script runs the NCCL mode instead: one
-process per GPU, ours vs the same exchanges non-overlapped vs NCCL's collective alone vs the GEMM alone vs PyTorch's
-symmetric-memory fused ops (bf16), timed over a fixed call count on every rank (JAX's shard_map collective matmul:
-not yet).
+process per GPU, ours (its reduce-scatter over the copy engine's symmetric-memory windows, the default, and over
+NCCL send/receive) vs the same exchanges non-overlapped vs NCCL's collective alone vs the GEMM alone vs PyTorch's
+symmetric-memory fused ops (bf16), timed interleaved on every rank.
 
 Shapes: tokens 8192, hidden 8192, ffn 28672 (and tokens 2048, hidden 2048, ffn 8192) for tp = 2, 4, 8: the
 all-gather is fc1's (x shard [tokens/tp, hidden], w [ffn/tp, hidden]), the reduce-scatter fc2's (x [tokens, ffn/tp],
@@ -142,6 +142,20 @@ def interleaved_us(fns, rounds=12, warmup=2):
     return dict(zip(fns, med.tolist()))
 
 
+def with_transport(name, fn):
+    """fn() with the reduce-scatter's transport set to `name` (NVTE_COLLECTIVE_GEMM_TRANSPORT, read at each call)."""
+    key = "NVTE_COLLECTIVE_GEMM_TRANSPORT"
+    old = os.environ.get(key)
+    os.environ[key] = name
+    try:
+        return fn()
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 def nccl_case(tex, kind, shape, fmt, tp, rank, group, margins=()):
     import torch.distributed as dist
 
@@ -206,11 +220,15 @@ def nccl_case(tex, kind, shape, fmt, tp, rank, group, margins=()):
             fns["fused"] = fused
         except Exception as e:  # noqa: BLE001
             row["note"] += f"fused: {type(e).__name__}: {str(e)[:120]}; "
+    if kind == "RS":  # ours = the default transport (the copy engine's windows); the same ring over NCCL send/receive
+        fns["nccl"] = lambda: with_transport("nccl", ours)
+        if not torch.equal(fns["nccl"](), a):
+            row["note"] += "NCCL transport's bytes differ; "
     # The SMs the chunk GEMMs leave to NCCL (ours = the core's default; the sweep shows the choice).
     for mg in margins:
         fns[f"margin{mg}"] = (lambda v: lambda: ours(v))(mg)
     for k, us in interleaved_us(fns).items():
-        row[f"ours_us_{k}" if k.startswith("margin") else f"{k}_us"] = us
+        row[f"ours_us_{k}" if k.startswith("margin") or k == "nccl" else f"{k}_us"] = us
     if "fused_us" in row:
         row["ours_over_fused"] = row["fused_us"] / row["ours_us"]
     row["speedup_vs_base"] = row["base_us"] / row["ours_us"]
@@ -235,7 +253,8 @@ def draw_times(title, series):
     return draw
 
 
-NCCL_SERIES = [("ours", "ours_us"), ("non-overlapped", "base_us"), ("torch symm-mem fused", "fused_us")]
+NCCL_SERIES = [("ours", "ours_us"), ("ours, RS over NCCL send/recv", "ours_us_nccl"), ("non-overlapped", "base_us"),
+               ("torch symm-mem fused", "fused_us")]
 JAX_SERIES = [("ours (FFI + NCCL)", "ours_us"), ("non-overlapped", "base_us"), ("ppermute ring", "ring_us"),
               ("XLA sharded einsum", "xla_us")]
 
@@ -277,11 +296,13 @@ def main_nccl(args):
                 if rank == 0:
                     H.log(f"{report.rows[-1]['case']}: {report.rows[-1]}")
     if rank == 0:
-        report.emit("\nCollective GEMM over NCCL (ours = overlapped ring; non-overlapped = the same exchanges, then the "
-                    "same chunk GEMMs; GEMM alone = the rank's whole GEMM; comm alone = NCCL all_gather_into_tensor / "
+        report.emit("\nCollective GEMM over NCCL (ours = overlapped ring, the reduce-scatter's partials moved by the "
+                    "copy engine into symmetric-memory windows; ours over NCCL = the same over NCCL send/receive; "
+                    "non-overlapped = the same exchanges and chunk GEMMs one after another; GEMM alone = the rank's whole GEMM; comm alone = NCCL all_gather_into_tensor / "
                     "reduce_scatter_tensor (FP32) of the same bytes; torch fused = symm_mem fused_all_gather_matmul "
                     "/ fused_matmul_reduce_scatter)")
-        report.table(COLUMNS + [(f"ours sm_margin={mg} us", f"ours_us_margin{mg}", "{:.1f}") for mg in margins] +
+        report.table(COLUMNS + [("ours over NCCL us", "ours_us_nccl", "{:.1f}")] +
+                     [(f"ours sm_margin={mg} us", f"ours_us_margin{mg}", "{:.1f}") for mg in margins] +
                      [("torch fused us", "fused_us", "{:.1f}"), ("torch fused / ours", "ours_over_fused",
                                                                           "{:.3f}"), ("note", "note", "{}")])
         for r in report.rows:

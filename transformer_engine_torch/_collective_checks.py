@@ -28,6 +28,7 @@ import struct
 
 import torch
 
+from ._collective_window import transport
 from .dtypes import DType, as_dtype
 from .formats.base import QuantizedTensor, Quantizer
 from .formats.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
@@ -38,10 +39,10 @@ _OPERAND_NAMES = {AG: ("x_shard", "w"), RS: ("x", "w_shard")}
 
 # The record: _HEAD int64 fields (unknown: -1), then the rank's local error message, UTF-8, _MSG bytes.
 _FIELDS = ("magic", "kind", "status", "x_rows", "x_k", "x_dtype", "x_wire", "x_format", "w_rows", "w_k", "w_dtype",
-           "w_format", "out_dtype", "x_grad", "w_grad", "device", "msg_len")
+           "w_format", "out_dtype", "x_grad", "w_grad", "device", "transport", "msg_len")
 _HEAD, _MSG = 20, 512
 _LEN = _HEAD + _MSG // 8
-_MAGIC = 0x7E22C0DE01  # record layout version 1
+_MAGIC = 0x7E22C0DE02  # record layout version 2
 # status: 0 = the local checks passed, else the class of the local error (every rank re-raises the first one's).
 _STATUS = {TypeError: 1, ValueError: 2, NotImplementedError: 3}
 _ERRORS = {1: TypeError, 2: ValueError, 3: NotImplementedError, 4: RuntimeError}
@@ -134,6 +135,10 @@ def _local_checks(rec, kind, x, w, quantizer, out_dtype, return_gathered, differ
     if x.device != w.device:
         raise ValueError(f"{op}: {xn} is on {x.device} but {wn} on {w.device}; move them to one device")
     rec["device"] = _DEVICES.get(x.device.type, 2)
+    # this process's reduce-scatter transport on CUDA (the environment's, _collective_window.py): 0 the process
+    # group's send/receive, 1 the copy engine's windows; recorded for every op, so that ranks launched with different
+    # choices are told at their first collective GEMM
+    rec["transport"] = int(x.device.type == "cuda" and transport(op) == "copy_engine")
     if x.device.type not in types:
         raise ValueError(f"{op}: {xn} is on {x.device} but the group runs on {'/'.join(sorted(types))} (gloo: CPU "
                          f"tensors, NCCL: each rank's GPU); move the operands there")
@@ -191,7 +196,8 @@ def _describe(rec, with_op=False):
 
 _WHAT = {"kind": "the op", "x_rows": "x rows", "x_k": "K", "x_dtype": "x dtype", "x_wire": "x dtype",
          "x_format": "x dtype", "w_rows": "w rows", "w_k": "K", "w_dtype": "w dtype", "w_format": "w dtype",
-         "out_dtype": "out_dtype", "x_grad": "requires_grad", "w_grad": "requires_grad", "device": "device"}
+         "out_dtype": "out_dtype", "x_grad": "requires_grad", "w_grad": "requires_grad", "device": "device",
+         "transport": "transport (NVTE_COLLECTIVE_GEMM_TRANSPORT)"}
 _RULE = {AG: "every rank's x_shard must be [m, K] with the same m, K and dtype (the ring moves equal chunks), and w "
              "[N_local, K] the same shape and dtype on every rank",
          RS: "every rank's x must be [M, K_local] and w_shard [N, K_local] with the same M, K_local, N and dtypes "

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _collective_window as _cw
 from ._collective_checks import check
 from ._ops import call
 from .cast import quantize
@@ -98,7 +99,18 @@ def _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumul
     op = "gemm_reduce_scatter"
     xd, xs, xc, wd, ws, wc, oc = _prepare(op, x, w_shard, quantizer, out_dtype)
     return call(_OP, (xd, xs, xc, wd, ws, wc, _RS, _group_name(group), oc, bool(comm_overlap),
-                      bool(use_split_accumulator), False, _margin(sm_margin)))[0]
+                      bool(use_split_accumulator), False, _margin(sm_margin), _window(op, xd, wd, group)))[0]
+
+
+def _window(op, xd, wd, group):
+    """The copy-engine windows of a CUDA reduce-scatter ([] : the process group's NCCL; _collective_window.py)."""
+    if xd.device.type != "cuda" or _cw.transport(op) != "copy_engine":
+        return []
+    import torch.distributed as dist
+
+    group = dist.group.WORLD if group is None else group
+    tp = group.size()
+    return _cw.window(op, group, _cw.window_bytes(xd.shape[0], wd.shape[0], tp), xd.device)
 
 
 def _dequantized_chunks(codes, scales, fp8_dtype, dtype):
@@ -212,9 +224,11 @@ def all_gather_gemm(x_shard, w, group=None, *, quantizer=None, layout="TN", out_
 def gemm_reduce_scatter(x, w_shard, group=None, *, quantizer=None, layout="TN", out_dtype=None, comm_overlap=True,
                         use_split_accumulator=True, sm_margin=None, validate=None):
     """y [M/tp, N]: this rank's rows of Σ_ranks x [M, K_local] · w_shard [N, K_local]ᵀ over `group`, the partial
-    products of the other chunks computed while the running sums travel the ring. Differentiable in x and w_shard
-    (plain tensors): dx from the all-gather ring over dy, dw_shard from the dy it gathers. Every rank passes the same
-    x and w_shard shapes and dtypes, M a multiple of tp; checked before the ring as in all_gather_gemm."""
+    products of the other ranks' chunks computed and sent to their owners while the next ones are computed (on CUDA
+    by the copy engine into symmetric-memory windows, or NCCL: NVTE_COLLECTIVE_GEMM_TRANSPORT, _collective_window.py).
+    Differentiable in x and w_shard (plain tensors): dx from the all-gather ring over dy, dw_shard from the dy it
+    gathers. Every rank passes the same x and w_shard shapes and dtypes, M a multiple of tp; checked before the ring
+    as in all_gather_gemm."""
     diff = _differentiable(x, w_shard)
     check(_RS, x, w_shard, group, quantizer=quantizer, out_dtype=out_dtype, differentiable=diff, validate=validate,
           sm_margin=sm_margin, layout=layout)
@@ -243,8 +257,9 @@ def all_gather_gemm_loopback(x, w, rank, tp, *, quantizer=None, out_dtype=None, 
 
 def gemm_reduce_scatter_loopback(x, w, incoming, rank, tp, *, out_dtype=None, comm_overlap=True,
                                  use_split_accumulator=True):
-    """One GPU simulating rank `rank` of `tp` for the reduce-scatter: `incoming` FP32 [tp − 1, M/tp, N] are the running
-    sums the ring brings at steps 1 … tp − 1 (from the simulated rank − 1)."""
+    """One GPU simulating rank `rank` of `tp` for the reduce-scatter: `incoming` FP32 [tp − 1, M/tp, N] are the partial
+    products of this rank's output chunk that exchanges 0 … tp − 2 bring (exchange s: from the simulated rank
+    rank − s − 1)."""
     op = "gemm_reduce_scatter (loopback)"
     xd, xs, xc, wd, ws, wc, oc = _prepare(op, x, w, None, out_dtype)
     return call(_LOOPBACK, (xd, xs, xc, wd, ws, wc, _RS, rank, tp, incoming.contiguous(), None, oc,

@@ -73,12 +73,13 @@ void run(cudaStream_t stream, te::comm::Transport& transport, Buf x, Buf xs, Buf
                             view_of(ws, op, "w_scale_inv")};
   const te::ops::ExecCtx ctx = cuda_ctx(stream);
   te::ops::CollectiveGemmRequest r = collective_request(in, at, transport.rank(), view_of(*out, op, "out").dtype);
-  te::ops::resolve_sm_margin(r, transport);
+  te::ops::resolve_transport(r, transport);
   const te::ops::CollectiveGemmPlan plan = te::ops::plan_collective_gemm(r, ctx);
   const int64_t need = collective_workspace_bytes(plan);
   if (int64_t(workspace->size_bytes()) < need) {
-    te::fail(te::ErrorKind::kValue, te::ops::msg(op, ": the workspace has ", te::ops::str(int64_t(workspace->size_bytes())),
-                                            " bytes, the plan needs ", te::ops::str(need)));
+    te::fail(te::ErrorKind::kValue,
+             te::ops::msg(op, ": the workspace has ", te::ops::str(int64_t(workspace->size_bytes())),
+                          " bytes, the plan needs ", te::ops::str(need)));
   }
   char* base = static_cast<char*>(te::gemm_align_workspace(workspace->untyped_data()));
   te::ops::CollectiveGemmIO io;

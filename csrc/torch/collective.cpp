@@ -106,7 +106,7 @@ std::tuple<Tensor, Tensor, Tensor> run(const char* op, const Tensor& x_in, const
 #endif
     const te::ops::ExecCtx ctx = exec_ctx(x);
     auto transport = make_transport(x, ctx);
-    te::ops::resolve_sm_margin(r, *transport);
+    te::ops::resolve_transport(r, *transport);
     const te::ops::CollectiveGemmPlan plan = te::ops::plan_collective_gemm(r, ctx);
     Tensor d = new_empty_in_guard(c10::IntArrayRef(plan.d_shape.dims, 2),
                                   x.options().dtype(scalar_type_of(plan.d_dtype)));
@@ -147,12 +147,31 @@ std::tuple<Tensor, Tensor, Tensor> collective_gemm(const Tensor& x, const c10::o
                                                    const c10::optional<Tensor>& w_scale_inv, int64_t w_dtype,
                                                    int64_t kind, c10::string_view group_name, int64_t out_dtype,
                                                    bool overlap, bool use_split_accumulator, bool return_gathered,
-                                                   int64_t sm_margin) {
+                                                   int64_t sm_margin, c10::IntArrayRef window) {
   const char* op = kind == 1 ? "all_gather_gemm" : "gemm_reduce_scatter";
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   with_torch_errors([&] { pg = c10d::resolve_process_group(std::string(group_name)); });
-  return run(op, x, x_scale_inv, x_dtype, w, w_scale_inv, w_dtype, kind, pg->getRank(), pg->getSize(), out_dtype,
-             overlap, use_split_accumulator, return_gathered, sm_margin, [&](const Tensor& ref, const te::ops::ExecCtx&) {
+  const int size = pg->getSize();
+  if (!window.empty()) {
+    TORCH_CHECK_VALUE(x.is_cuda() && te::ops::copy_engine_serves(te::ops::CollectiveKind(kind)), op,
+                      ": the copy-engine window serves the CUDA reduce-scatter only; got a ", x.device().str(),
+                      kind == 1 ? " all-gather" : " reduce-scatter");
+    TORCH_CHECK_VALUE(int64_t(window.size()) == 1 + size, op, ": window holds [bytes, one base per rank]: ",
+                      1 + size, " values for a group of ", size, ", got ", window.size());
+  }
+  return run(op, x, x_scale_inv, x_dtype, w, w_scale_inv, w_dtype, kind, pg->getRank(), size, out_dtype, overlap,
+             use_split_accumulator, return_gathered, sm_margin,
+             [&](const Tensor& ref, const te::ops::ExecCtx& ctx) -> std::unique_ptr<te::comm::Transport> {
+#if defined(TE_WITH_CUDA)
+               if (!window.empty()) {
+                 std::vector<uint64_t> bases(window.begin() + 1, window.end());
+                 te::comm::CopyEngineWindow w;
+                 w.bytes = window[0];
+                 w.bases = bases.data();
+                 return std::make_unique<te::comm::CopyEngineTransport>(pg->getRank(), size, ctx.stream, w);
+               }
+#endif
+               (void)ctx;
                return std::make_unique<C10dTransport>(pg, ref.options().dtype(at::kByte));
              });
 }
@@ -160,7 +179,7 @@ std::tuple<Tensor, Tensor, Tensor> collective_gemm(const Tensor& x, const c10::o
 #if defined(TE_WITH_CUDA)
 // te::collective_gemm_loopback: rank `rank` of `tp` simulated on one GPU. peers: all-gather, the whole x
 // [tp·m, k] (each exchange copies the chunk it brings) with peers_scale_inv [tp] for FP8; reduce-scatter, the
-// running sums arriving at each step, FP32 [tp − 1, m, n].
+// simulated peers' FP32 partials of this rank's chunk that exchanges 0 … tp − 2 bring, [tp − 1, m, n].
 std::tuple<Tensor, Tensor, Tensor> collective_gemm_loopback(
     const Tensor& x, const c10::optional<Tensor>& x_scale_inv, int64_t x_dtype, const Tensor& w,
     const c10::optional<Tensor>& w_scale_inv, int64_t w_dtype, int64_t kind, int64_t rank, int64_t tp,

@@ -87,11 +87,13 @@ TORCH_LIBRARY(te, m) {
   // [tp·m, n], and the gathered x [tp·m, k] with its FP8 scales [tp] when return_gathered), kind 2 GEMM +
   // reduce-scatter (x [tp·m, k], w [n, k] -> [m, n]) over torch.distributed's group `group_name`; FP8 operands as
   // codes with scale_inv [1]. The loopback form simulates rank `rank` of `tp` on one GPU, its peers' bytes in
-  // `peers` (all-gather: the whole x and peers_scale_inv [tp]; reduce-scatter: the sums arriving, FP32 [tp-1, m, n]).
+  // `peers` (all-gather: the whole x and peers_scale_inv [tp]; reduce-scatter: the partials arriving, FP32 [tp-1, m, n]).
   // sm_margin: SMs the chunk GEMMs leave to the exchanges' kernels (CUDA; 0: none; -1: the transport's default).
+  // window (CUDA reduce-scatter): [bytes, base of rank 0's window, …] — every rank's copy-engine window mapped into
+  // this process (comm/transport.h CopyEngineWindow); empty: the process group's NCCL send/receive.
   def_op(m, "collective_gemm(Tensor x, Tensor? x_scale_inv, int x_dtype, Tensor w, Tensor? w_scale_inv, int w_dtype, "
             "int kind, str group_name, int out_dtype, bool overlap=True, bool use_split_accumulator=True, "
-            "bool return_gathered=False, int sm_margin=-1) -> (Tensor, Tensor, Tensor)");
+            "bool return_gathered=False, int sm_margin=-1, int[] window=[]) -> (Tensor, Tensor, Tensor)");
   def_op(m, "collective_gemm_loopback(Tensor x, Tensor? x_scale_inv, int x_dtype, Tensor w, Tensor? w_scale_inv, "
             "int w_dtype, int kind, int rank, int tp, Tensor peers, Tensor? peers_scale_inv, int out_dtype, "
             "bool overlap=True, bool use_split_accumulator=True, bool return_gathered=False, int sm_margin=-1) "

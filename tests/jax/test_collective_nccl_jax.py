@@ -144,6 +144,19 @@ want = jax.jit(mlp_vjp)(*(one(a) for a in (xm, w1m, b1m, w2m, b2m, gm)))
 for name, a, b in zip(("y", "dx", "dw1", "db1", "dw2", "db2"), f(*args), want):
     a, b = full(a), np.asarray(b, np.float64)
     assert np.abs(a - b).max() <= 2 ** -6 * max(np.abs(b).max(), 1e-6), ("tej.mlp TP vs unsharded", name)
+y_tp = full(f(*args)[0])
+
+# ---- the Flax MLP with the same parameters, sharded alike: tej.mlp's bytes -----------------------------------------
+from flax import nnx
+from transformer_engine_jax import flax as TF
+block = TF.MLP(H, F, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, sequence_parallel=True, rngs=nnx.Rngs(0))
+for name, value, spec in (("fc1_kernel", w1m, P(None, "tp")), ("fc1_bias", b1m, P("tp")),
+                          ("fc2_kernel", w2m, P("tp", None)), ("fc2_bias", b2m, P())):
+    getattr(block, name).set_value(put(value, spec))
+graph, state = nnx.split(block)
+fm = jax.jit(lambda st, x: nnx.merge(graph, st)(x), out_shardings=NamedSharding(mesh, tok))
+assert "te_collective_gemm" in fm.lower(state, args[0]).compile().as_text(), "Flax MLP: no te_collective_gemm"
+assert np.array_equal(full(fm(state, args[0])), y_tp), "Flax MLP TP != tej.mlp TP"
 print("ok")
 """
 

@@ -384,6 +384,32 @@ def _assert_close(got, want, what, rel=2 ** -7):
     assert (got.double() - want.flip(0)).abs().max().item() > bound, f"{what}: the check would not catch it"
 
 
+def check_transports(tex, rank, tp, device):
+    """NCCL: the reduce-scatter over NCCL send/receive gives the bytes of the copy engine's windows (the default),
+    overlapped or not; a call four times larger grows the window (every rank at once) and still gives the ring sum;
+    an unknown transport name is refused on every rank before any data moves."""
+    x_full, w_full = full_operands(tp, device, seed=3)
+    ks = [slice(p * K, (p + 1) * K) for p in range(tp)]
+    key = "NVTE_COLLECTIVE_GEMM_TRANSPORT"
+    try:
+        for x in (x_full, torch.cat([x_full] * 4)):
+            m = x.shape[0] // tp
+            parts = [tex.general_gemm(w_full[:, k].contiguous(), x[rank * m:(rank + 1) * m, k].contiguous(),
+                                      out_dtype=torch.float32, layout="TN")[0] for k in ks]
+            want = ring_sum(parts, rank, tp).bfloat16()
+            for choice in ("copy_engine", "nccl"):
+                os.environ[key] = choice
+                for overlap in (True, False):
+                    y = tex.gemm_reduce_scatter(x[:, ks[rank]].contiguous(), w_full[:, ks[rank]].contiguous(),
+                                                comm_overlap=overlap)
+                    assert torch.equal(y, want), f"rank {rank}: RS over {choice} (overlap={overlap}) differs"
+        os.environ[key] = "bogus"
+        with pytest.raises(ValueError, match=f"{key}='bogus' is not one of copy_engine, nccl"):
+            tex.gemm_reduce_scatter(x_full[:, ks[rank]].contiguous(), w_full[:, ks[rank]].contiguous())
+    finally:
+        os.environ.pop(key, None)
+
+
 def check_graph_capture(tex, rank, tp, device):
     """NCCL: the rings captured in one CUDA graph (the exchanges stream-ordered, no host sync) and replayed give the
     eager call's bytes, all-gather and reduce-scatter, with the agreement check off (it reads a value back)."""
@@ -420,6 +446,7 @@ def worker(rank, tp, init_file, results, backend, base=True, recipes=()):
         if recipes:
             check_tp_recipes(tex_module(), rank, tp, device, recipes)
         if backend == "nccl":
+            check_transports(tex_module(), rank, tp, device)
             check_graph_capture(tex_module(), rank, tp, device)
         results[rank] = "ok"
         dist.barrier()
@@ -498,8 +525,8 @@ def test_loopback_all_gather_gemm(fp8):
 
 @pytest.mark.cuda
 def test_loopback_gemm_reduce_scatter():
-    """Rank 2 of tp = 4: the incoming running sums are the other ranks' FP32 partials summed in ring order (computed
-    here); the result is bit for bit the ring sum, overlapped or not, and under CUDA-graph capture."""
+    """Rank 2 of tp = 4: the incoming chunks are the other ranks' FP32 partials of this rank's output chunk (computed
+    here); the result is bit for bit their sum in ring order, overlapped or not, and under CUDA-graph capture."""
     tex = tex_module()
     tp, m, k, n, rank = 4, 256, 512, 384, 2
     g = torch.Generator().manual_seed(4)
@@ -507,15 +534,8 @@ def test_loopback_gemm_reduce_scatter():
     ws = [((torch.rand(n, k, generator=g) * 2 - 1).bfloat16().cuda()) for _ in range(tp)]
     part = [[tex.general_gemm(ws[p], xs[p][c * m:(c + 1) * m].contiguous(), out_dtype=torch.float32,
                               layout="TN")[0] for c in range(tp)] for p in range(tp)]
-    # the sum arriving at step i (1 … tp-1) is for chunk c_i = rank - i - 1, accumulated over ranks c_i + 1 … rank - 1
-    incoming = []
-    for i in range(1, tp):
-        c = (rank - i - 1) % tp
-        acc = part[(c + 1) % tp][c].clone()
-        for j in range(2, i + 1):
-            acc = acc + part[(c + j) % tp][c]
-        incoming.append(acc)
-    incoming = torch.stack(incoming)
+    # exchange s (0 … tp-2) brings rank (rank - s - 1)'s partial of this rank's chunk
+    incoming = torch.stack([part[(rank - s - 1) % tp][rank] for s in range(tp - 1)])
     want = ring_sum([part[p][rank] for p in range(tp)], rank, tp).bfloat16()
     for overlap in (True, False):
         y = tex.collective.gemm_reduce_scatter_loopback(xs[rank], ws[rank], incoming, rank, tp, comm_overlap=overlap)

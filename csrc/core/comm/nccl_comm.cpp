@@ -202,7 +202,9 @@ void nccl_create(int64_t key, const std::string& unique_id, int size, const std:
     check_cuda(cudaStreamCreateWithPriority(&made[i].stream, cudaStreamNonBlocking, highest), "cudaStreamCreate");
     check_cuda(cudaEventCreateWithFlags(&made[i].ready, cudaEventDisableTiming), "cudaEventCreate");
     made[i].done.resize(size_t(size));
-    for (cudaEvent_t& e : made[i].done) check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    for (cudaEvent_t& e : made[i].done) {
+      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    }
     check_cuda(cudaMalloc(&bufs[2 * i], 2 * sizeof(float)), "cudaMalloc");
     bufs[2 * i + 1] = bufs[2 * i] + 1;
   }

@@ -11,11 +11,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace te {
 namespace comm {
 
-// One buffer of an exchange: `bytes` sent from `send` to the next rank and received into `recv` from the previous.
+// One buffer of an exchange: `bytes` sent from `send` to rank `to` and received into `recv` from rank `from`.
 struct Segment {
   const void* send = nullptr;
   void* recv = nullptr;
@@ -42,6 +43,13 @@ class Transport {
   // The SMs the chunk GEMMs leave free by default while this transport's exchanges run beside them: NCCL's send and
   // receive are kernels that need SMs of their own; copy-engine and host transports need none.
   virtual int default_sm_margin() const { return 0; }
+  // Receive memory the transport owns, at least `bytes` (its peers write into it directly: the copy-engine transport);
+  // nullptr: the exchanges receive into whatever recv pointer the caller gives. Stable for one collective call.
+  virtual void* recv_window(size_t /*bytes*/) { return nullptr; }
+  virtual bool has_window() const { return false; }
+  // Issued after the caller's last read of the received bytes: the peers may write into the window again (ordered
+  // after that read on the caller's stream). A no-op for transports without a window.
+  virtual void release_window() {}
 };
 
 // NCCL's ring send/receive kernels: the SMs a GEMM leaves them. Measured on 4 x H200 (bench_collective.py
@@ -50,18 +58,34 @@ class Transport {
 // they help.
 constexpr int kNcclSmMargin = 8;
 
-// The ring's chunk bookkeeping, shared by the schedule and the loopback transport. All-gather: at step i rank r
-// multiplies chunk (r − i) mod p and exchange i brings it chunk (r − i − 1) mod p from rank r − 1.
-// Reduce-scatter: at step i rank r adds its partial product of output chunk (r − i − 1) mod p to the sum arriving
-// from rank r − 1 and sends it on; at step p − 1 that chunk is r's own.
+// The chunk bookkeeping, shared by the schedule and the loopback transport. All-gather: at step i rank r multiplies
+// chunk (r − i) mod p and exchange i brings it chunk (r − i − 1) mod p from rank r − 1. Reduce-scatter: at step i
+// rank r computes its partial product of output chunk (r + i + 1) mod p and exchange i sends it to that chunk's owner
+// while rank (r − i − 1) mod p's partial of chunk r arrives; at step p − 1 the chunk is r's own.
 inline int ring_mod(int64_t a, int p) { return int(((a % p) + p) % p); }
 inline int ag_chunk(int rank, int p, int step) { return ring_mod(int64_t(rank) - step, p); }
-inline int rs_chunk(int rank, int p, int step) { return ring_mod(int64_t(rank) - step - 1, p); }
+inline int rs_chunk(int rank, int p, int step) { return ring_mod(int64_t(rank) + step + 1, p); }
+
+// Copy engine: every rank's receive window is mapped into this process (CUDA IPC / symmetric memory: the frontend
+// maps them), and exchange `step` copies each segment straight into rank `to`'s window with cudaMemcpyAsync — the copy
+// engine over NVLink, no SM taken from the GEMMs — at the offset the segment's recv pointer has in this rank's own
+// window. Stream memory operations (no kernels) order the two sides: window layout [flags | data], the flags page
+// holding ready[p] at 0 and free[p] at kFreeOffset (int32, one per peer). A sender waits for its free[to] = 1 and
+// clears it, copies, then sets ready[rank] = 1 in `to`'s window (the write fences the copy); the receiver's wait
+// waits for ready[from] = 1 and clears it; release_window sets free[rank] = 1 in each sender's window. Every call
+// leaves the flags as it found them (ready 0, free 1: the frontend's initial state), so a CUDA graph replays it.
+struct CopyEngineWindow {
+  static constexpr int64_t kFlagBytes = 4096;
+  static constexpr int64_t kFreeOffset = 2048;
+  static constexpr int kMaxRanks = 512;  // kFreeOffset / sizeof(int32)
+  int64_t bytes = 0;                 // each rank's window, the flags page included
+  const uint64_t* bases = nullptr;   // [size]: every rank's window in this process's address space (own included)
+};
 
 #if defined(TE_WITH_CUDA)
 // Loopback: rank `rank` of `size` simulated on one GPU. Exchange `step` fills segment s's recv buffer from
 // sources[s]: base + index·stride, index = the chunk the exchange brings (all-gather: by_chunk) or the step itself
-// (a precomputed incoming sum per step: reduce-scatter). The copy runs on `comm_stream` after an event on `stream`;
+// (the simulated peer's partial per step: reduce-scatter). The copy runs on `comm_stream` after an event on `stream`;
 // wait() makes `stream` wait on the copy's event. The sends go nowhere (the peers are simulated).
 struct LoopbackSource {
   const void* base = nullptr;
@@ -86,6 +110,31 @@ class LoopbackTransport : public Transport {
   LoopbackSource sources_[kMaxSegments];
   int n_sources_;
   int last_ = -1;  // the last exchange started
+};
+
+// The copy-engine transport over a CopyEngineWindow (above).
+class CopyEngineTransport : public Transport {
+ public:
+  CopyEngineTransport(int rank, int size, void* stream, const CopyEngineWindow& window);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void start(int step, const Segment* segs, int n, int to, int from) override;
+  void wait() override;
+  bool pipelined() const override { return true; }
+  void wait_for(int step) override;
+  void* recv_window(size_t bytes) override;
+  bool has_window() const override { return true; }
+  void release_window() override;
+
+ private:
+  char* base(int r) const { return reinterpret_cast<char*>(bases_[size_t(r)]); }
+  int rank_, size_;
+  void* stream_;
+  int64_t bytes_;
+  std::vector<uint64_t> bases_;
+  std::vector<int> from_;        // exchange i's sender (the flags wait_for(i) waits on)
+  std::vector<bool> waited_;     // exchange i's ready flag already waited for
+  int last_ = -1;                // the last exchange started
 };
 #endif
 

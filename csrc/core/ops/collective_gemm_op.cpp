@@ -3,7 +3,7 @@
 
 #include <cstring>
 
-#include "../comm/ring_add.h"
+#include "../comm/partial_sum.h"
 #include "../gemm/gemm_epilogue.h"
 
 #if defined(TE_WITH_CUDA)
@@ -61,6 +61,9 @@ GemmRequest chunk_request(const CollectiveGemmRequest& r, int64_t m, DType d_dty
 CollectiveGemmPlan plan_collective_gemm(const CollectiveGemmRequest& r, const ExecCtx& ctx) {
   const bool ag = r.kind == CollectiveKind::kAllGather;
   if (!ag && r.kind != CollectiveKind::kReduceScatter) fail_request(r, ErrorKind::kValue, "unknown collective kind");
+  if (r.transport_window && !copy_engine_serves(r.kind)) {
+    fail_request(r, ErrorKind::kValue, "the copy-engine transport serves the reduce-scatter only");
+  }
   if (r.tp < 1 || r.rank < 0 || r.rank >= r.tp) {
     fail_request(r, ErrorKind::kValue, msg("the rank must lie in [0, tp) with tp >= 1"));
   }
@@ -131,12 +134,17 @@ CollectiveGemmPlan plan_collective_gemm(const CollectiveGemmRequest& r, const Ex
     p.d_shape = Shape::of(p.m, p.n);
     p.chunk_bytes = p.m * p.n * int64_t(sizeof(float));
     p.partial_offset = take(p.chunk_bytes);
-    p.send_offset = take(p.chunk_bytes);
-    p.recv_offset = take(p.chunk_bytes);
+    p.send_offset = take(p.chunk_bytes * (r.tp - 1));
+    if (!r.transport_window) p.recv_offset = take(p.chunk_bytes * (r.tp - 1));
   }
   if (p.chunk.workspace_bytes > 0) p.gemm_offset = take(p.chunk.workspace_bytes);
   p.workspace_bytes = off + kWorkspaceAlign;
   return p;
+}
+
+int64_t collective_window_bytes(const CollectiveGemmPlan& p) {
+  if (!copy_engine_serves(p.req.kind)) return 0;
+  return comm::CopyEngineWindow::kFlagBytes + p.chunk_bytes * (p.req.tp - 1);
 }
 
 namespace {
@@ -175,17 +183,6 @@ struct Runner {
     }
 #endif
     std::memcpy(dst, src, bytes);
-  }
-
-  void add(const float* a, const float* b, void* out, DType dtype) const {
-    const int64_t n = p.m * p.n;
-#if defined(TE_WITH_CUDA)
-    if (ctx.cuda) {
-      comm::ring_add_cuda(a, b, out, dtype, n, reinterpret_cast<cudaStream_t>(ctx.stream));
-      return;
-    }
-#endif
-    comm::ring_add_cpu(a, b, out, dtype, n, *ctx.parallel_for);
   }
 
   void all_gather() const {
@@ -244,43 +241,46 @@ struct Runner {
     }
   }
 
+  // Direct sends: the rank computes its FP32 partial product of every other rank's output chunk, nearest first
+  // (step s: chunk r + s + 1), and exchange s sends it to that chunk's owner as soon as it is made while the partial
+  // of rank r − s − 1 arrives into slot tp − 2 − s (slot j: the partial of rank r + j + 1); the own chunk's partial
+  // comes last, then one pass sums the slots in order and the own partial and rounds once: the ring order
+  // r + 1, r + 2, …, r. No send waits on an add, so the exchanges run back to back beside the GEMMs.
   void reduce_scatter() const {
     const int tp = p.req.tp, r = p.req.rank;
-    float* part = reinterpret_cast<float*>(ws + p.partial_offset);
-    float* send = reinterpret_cast<float*>(ws + p.send_offset);
-    float* recv = reinterpret_cast<float*>(ws + p.recv_offset);
+    float* own = reinterpret_cast<float*>(ws + p.partial_offset);
+    float* sends = reinterpret_cast<float*>(ws + p.send_offset);
+    // the transport's window when its peers write into one (copy engine), else the workspace's slots
+    float* slots = reinterpret_cast<float*>(p.req.transport_window
+                                                ? t.recv_window(size_t(p.chunk_bytes) * size_t(tp - 1))
+                                                : ws + p.recv_offset);
+    const auto at = [&](float* base, int i) { return base + int64_t(i) * p.m * p.n; };
     const int64_t x_row_bytes = p.k * gemm_elt_bytes(DType(p.req.x.dtype_code));
     const auto x_chunk = [&](int c) { return static_cast<const char*>(io.x) + int64_t(c) * p.m * x_row_bytes; };
-    const auto exchange = [&](int step) {
-      comm::Segment s;
-      s.send = send;
-      s.recv = recv;
-      s.bytes = size_t(p.chunk_bytes);
-      t.start(step, &s, 1, (r + 1) % tp, (r + tp - 1) % tp);
-    };
-    if (tp == 1) {
-      gemm(x_chunk(0), io.x_scale_inv, part);
-      add(part, nullptr, io.d, p.d_dtype);
+    const bool host_driven = !t.pipelined();
+    for (int step = 0; step < tp; ++step) {
+      const int c = comm::rs_chunk(r, tp, step);
+      gemm(x_chunk(c), io.x_scale_inv, step + 1 < tp ? at(sends, step) : own);
+      if (step + 1 == tp) break;
+      if (p.req.overlap && host_driven && step > 0) t.wait();  // one exchange in flight
+      comm::Segment seg;
+      seg.send = at(sends, step);
+      seg.recv = at(slots, tp - 2 - step);
+      seg.bytes = size_t(p.chunk_bytes);
+      t.start(step, &seg, 1, c, comm::ring_mod(int64_t(r) - step - 1, tp));
+      if (!p.req.overlap) t.wait();
+    }
+    if (p.req.overlap && tp > 1) t.wait();
+    const int64_t n = p.m * p.n;
+#if defined(TE_WITH_CUDA)
+    if (ctx.cuda) {
+      comm::partial_sum_cuda(slots, tp - 1, own, io.d, p.d_dtype, n, reinterpret_cast<cudaStream_t>(ctx.stream));
+      t.release_window();
       return;
     }
-    // step 0: the partial of chunk (r − 1) mod tp is the sum so far; later steps add the arriving sum.
-    gemm(x_chunk(comm::rs_chunk(r, tp, 0)), io.x_scale_inv, send);
-    exchange(0);
-    for (int step = 1; step < tp; ++step) {
-      if (p.req.overlap) {
-        gemm(x_chunk(comm::rs_chunk(r, tp, step)), io.x_scale_inv, part);
-        t.wait();
-      } else {
-        t.wait();
-        gemm(x_chunk(comm::rs_chunk(r, tp, step)), io.x_scale_inv, part);
-      }
-      if (step + 1 < tp) {
-        add(recv, part, send, DType::kFloat32);
-        exchange(step);
-      } else {
-        add(recv, part, io.d, p.d_dtype);
-      }
-    }
+#endif
+    comm::partial_sum_cpu(slots, tp - 1, own, io.d, p.d_dtype, n, *ctx.parallel_for);
+    t.release_window();
   }
 };
 
@@ -292,6 +292,11 @@ void run_collective_gemm(const CollectiveGemmPlan& p, const CollectiveGemmIO& io
     fail(ErrorKind::kValue, msg(p.req.op, ": the transport is rank ", str(transport.rank()), " of ",
                                 str(transport.size()), " but the plan is rank ", str(p.req.rank), " of ",
                                 str(p.req.tp)));
+  }
+  if (transport.has_window() != p.req.transport_window) {
+    fail(ErrorKind::kValue, msg(p.req.op, ": the plan was made for a transport ",
+                                p.req.transport_window ? "with" : "without", " a receive window; this one has ",
+                                transport.has_window() ? "one" : "none", " (plan after resolve_transport)"));
   }
   if (io.workspace_bytes < p.workspace_bytes) {
     fail(ErrorKind::kRuntime, msg(p.req.op, ": the workspace has ", str(io.workspace_bytes), " bytes, the plan needs ",

@@ -7,15 +7,18 @@
 //   reduce-scatter (RS): x [tp·m, k] on each rank, w [n, k] (the rank's K shards) → d [m, n] = rows r of Σ_ranks x·wᵀ
 //
 // AG: at step i the rank multiplies chunk (r − i) mod tp (its own at step 0) while exchange i brings the next one
-// from rank r − 1; the gathered x can be kept for the backward's weight gradient. RS: at step i the rank computes its
-// FP32 partial product of output chunk (r − i − 1) mod tp while the running sum of that chunk arrives from rank
-// r − 1, adds them (sum + partial, FP32) and sends the sum on; at step tp − 1 the chunk is its own and the sum is
-// rounded once to the output type. Summation order for chunk c: the partials of ranks c + 1, c + 2, …, c.
+// from rank r − 1; the gathered x can be kept for the backward's weight gradient. RS (direct sends): at step i the
+// rank computes its FP32 partial product of output chunk (r + i + 1) mod tp and sends it to that chunk's owner while
+// rank (r − i − 1) mod tp's partial of chunk r arrives; the own chunk's partial comes last, and one pass sums the
+// partials of ranks r + 1, r + 2, …, r in FP32 (the order a ring of running sums would add them) and rounds once to
+// the output type. No send waits on an add, so the exchanges run back to back beside the GEMMs; the cost is tp − 1
+// FP32 chunks sent plus tp − 1 received held in the workspace.
 // FP8 per-tensor operands travel as FP8 with their scale_inv: each chunk keeps its own rank's scale (AG) — so the
 // ranks need not agree on one scale — and w's scale applies to every chunk.
 // Invariant: the plan depends on shapes, dtypes, tp and the device kind only; the run neither allocates nor syncs
 // the host on CUDA (the transport's exchanges are stream-ordered), so a CUDA graph can capture it. overlap = false
-// runs the same exchanges to completion first, then the same chunk GEMMs: the non-overlapped baseline, same bytes.
+// runs the same exchanges and chunk GEMMs one after another (AG: every exchange, then the GEMMs; RS: each exchange
+// done before the next GEMM): the non-overlapped baseline, same bytes.
 #pragma once
 
 #include "../comm/transport.h"
@@ -47,6 +50,9 @@ struct CollectiveGemmRequest {
   // fills every SM delays them until it drains, which serialises what should overlap). 0: the GEMMs take every SM;
   // -1: the transport's default (Transport::default_sm_margin; resolve_sm_margin below).
   int sm_margin = -1;
+  // The transport receives into a window of its own (Transport::has_window: the copy engine's), so the plan keeps
+  // no receive slots in the workspace. Reduce-scatter only (the all-gather receives into the gathered x).
+  bool transport_window = false;
 };
 
 struct CollectiveGemmPlan {
@@ -60,15 +66,26 @@ struct CollectiveGemmPlan {
   // Workspace byte offsets from the 256-B aligned workspace pointer; -1: not used.
   int64_t gathered_offset = -1;   // AG, when the caller does not take the gathered x: [tp·m, k]
   int64_t scales_offset = -1;     // AG FP8: the chunks' scale_inv, one 16-byte slot each (cuBLASLt alignment)
-  int64_t partial_offset = -1, send_offset = -1, recv_offset = -1;  // RS: FP32 [m, n] each
+  int64_t partial_offset = -1;    // RS: the own chunk's FP32 partial [m, n]
+  int64_t send_offset = -1, recv_offset = -1;  // RS: tp − 1 FP32 [m, n] chunks each (sent; received)
   int64_t gemm_offset = -1;       // the chunk GEMM's own workspace
   int64_t workspace_bytes = 0;    // including the alignment slack
 };
 
-// The request's sm_margin with -1 replaced by the transport's default (the frontends call it before planning).
-inline void resolve_sm_margin(CollectiveGemmRequest& r, const comm::Transport& t) {
+// What the request takes from its transport (the frontends call it before planning): sm_margin -1 replaced by the
+// transport's default, and whether it receives into a window of its own.
+inline void resolve_transport(CollectiveGemmRequest& r, const comm::Transport& t) {
   if (r.sm_margin < 0) r.sm_margin = t.default_sm_margin();
+  r.transport_window = t.has_window();
 }
+
+// Whether the copy-engine transport (a window every rank maps) serves this kind: the reduce-scatter, whose partial
+// sums are the largest exchanges and whose NCCL send/receive kernels contend with the GEMMs for SMs.
+inline bool copy_engine_serves(CollectiveKind k) { return k == CollectiveKind::kReduceScatter; }
+
+// The window bytes (flags page included) the copy-engine transport needs for this plan; 0 for a kind it does not
+// serve.
+int64_t collective_window_bytes(const CollectiveGemmPlan& p);
 
 CollectiveGemmPlan plan_collective_gemm(const CollectiveGemmRequest& r, const ExecCtx& ctx);
 

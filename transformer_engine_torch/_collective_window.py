@@ -1,0 +1,66 @@
+"""The copy-engine transport's windows for the collective GEMM's reduce-scatter (csrc/core/comm/transport.h,
+CopyEngineWindow): one symmetric-memory buffer per (group, device), every rank's mapped into every process by
+torch.distributed's symmetric memory, so that each rank's partial sums are copied by the copy engine straight into
+their owner's window — no NCCL send/receive kernels competing with the chunk GEMMs for SMs.
+
+Which transport: NVTE_COLLECTIVE_GEMM_TRANSPORT = "copy_engine" (default on CUDA) or "nccl" (the process group's
+send/receive). The copy engine needs CUDA tensors, a process group whose ranks share a node (symmetric memory) and
+every rank to make the same choice (the environment is the same on every rank; the choice travels in the agreement
+record). A window grows, collectively, when a call needs more than it holds; growing inside a CUDA graph capture
+raises — run the op once before capturing it.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+_FLAG_BYTES, _FREE_OFFSET = 4096, 2048  # CopyEngineWindow::kFlagBytes / kFreeOffset
+_GRAIN = 2 << 20
+_WINDOWS: dict = {}
+_CHOICES = ("copy_engine", "nccl")
+
+
+def transport(op: str) -> str:
+    """The reduce-scatter's transport on CUDA (the environment's choice)."""
+    choice = os.environ.get("NVTE_COLLECTIVE_GEMM_TRANSPORT", "copy_engine").strip().lower() or "copy_engine"
+    if choice not in _CHOICES:
+        raise ValueError(f"{op}: NVTE_COLLECTIVE_GEMM_TRANSPORT={choice!r} is not one of {', '.join(_CHOICES)}")
+    return choice
+
+
+def window_bytes(rows: int, n: int, tp: int) -> int:
+    """What a reduce-scatter of x [rows, K] into y [rows/tp, n] receives, flags page included: tp − 1 FP32 partials
+    [rows/tp, n] (the core's collective_window_bytes, which checks it)."""
+    return _FLAG_BYTES + (tp - 1) * (rows // tp) * n * 4
+
+
+def window(op: str, group, nbytes: int, device: torch.device) -> list:
+    """[bytes, base of rank 0's window, …] for the core, growing the group's window to `nbytes` first (collective:
+    every rank of the group makes the same call, as their agreed operands make them need the same bytes)."""
+    key = (group.group_name, device.index)
+    held = _WINDOWS.get(key)
+    if held is None or held[0] < nbytes:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"{op}: the copy-engine window of group {group.group_name!r} holds "
+                               f"{0 if held is None else held[0]} bytes and this call needs {nbytes}; it cannot grow "
+                               f"inside a CUDA graph capture: run the op once before capturing it")
+        held = _grow(group, -(-nbytes // _GRAIN) * _GRAIN, device)
+        _WINDOWS[key] = held
+    return held[1]
+
+
+def _grow(group, nbytes: int, device: torch.device):
+    import torch.distributed as dist
+    from torch.distributed import _symmetric_memory as symm
+
+    torch.cuda.synchronize(device)  # no call in flight reads the old window
+    buf = symm.empty(nbytes, dtype=torch.uint8, device=device)
+    handle = symm.rendezvous(buf, group)
+    flags = buf[:_FLAG_BYTES].view(torch.int32)
+    flags[: _FREE_OFFSET // 4].zero_()  # ready[p] = 0
+    flags[_FREE_OFFSET // 4:].fill_(1)  # free[p] = 1: every peer may write
+    torch.cuda.synchronize(device)
+    dist.barrier(group=group, device_ids=[device.index])  # every window initialised before any peer writes into it
+    offset = buf.data_ptr() - handle.buffer_ptrs[handle.rank]
+    return nbytes, [nbytes] + [int(p) + offset for p in handle.buffer_ptrs], buf, handle
