@@ -75,6 +75,9 @@ def _key(rings: np.ndarray) -> int:
 
 
 _made: set = set()
+# key -> the rings of that key whose every member is a device of this process, [[(device, rank), ...], ...]: their
+# reduce-scatter can move the partials with the copy engine (csrc/core/comm/local_windows.h) instead of NCCL
+_local_rings: dict = {}
 
 
 def initialize(mesh, axis: str) -> int:
@@ -105,6 +108,8 @@ def initialize(mesh, axis: str) -> int:
         members = [(int(d.local_hardware_id), r) for r, d in enumerate(ring) if d.process_index == me]
         if not members:
             continue
+        if len(members) == tp:
+            _local_rings.setdefault(key, []).append(members)
         name = f"transformer_engine_jax/nccl/{key}/{i}"
         if ring[0].process_index == me:
             uid = _ffi.nccl_unique_id()
@@ -126,13 +131,28 @@ def _call(kind, key, tp, x, x_scale, w, w_scale, out_dtype, overlap, sm_margin, 
     plan = _ffi.plan_collective_gemm([(list(a.shape), _CODE[jnp.dtype(a.dtype)]) for a in inputs], kind, tp,
                                      _CODE[jnp.dtype(out_dtype)], True, sm_margin, keep, bool(w_kn),
                                      True)
+    copy_engine = bool(plan["window_bytes"]) and key in _local_rings and _transport() == "copy_engine"
+    if copy_engine:
+        _ffi.local_windows_ensure(key, _local_rings[key], plan["window_bytes"])
     gathered = tuple(plan["gathered"])
     results = [jax.ShapeDtypeStruct(tuple(plan["out"][0]), _DTYPE[plan["out"][1]]),
                jax.ShapeDtypeStruct(gathered, x.dtype), jax.ShapeDtypeStruct((plan["workspace_bytes"],), jnp.uint8)]
     out, g, _ = jax.ffi.ffi_call(_TARGET, results)(
         *inputs, kind=np.int64(kind), comm=np.int64(key), tp=np.int64(tp), overlap=bool(overlap),
-        use_split_accumulator=True, sm_margin=np.int64(sm_margin), keep_gathered=bool(keep), w_kn=bool(w_kn))
+        use_split_accumulator=True, sm_margin=np.int64(sm_margin), keep_gathered=bool(keep), w_kn=bool(w_kn),
+        copy_engine=copy_engine)
     return out, (g if keep else None)
+
+
+def _transport() -> str:
+    """The reduce-scatter's transport where a ring's members are all this process's devices: NVTE_COLLECTIVE_GEMM_
+    TRANSPORT = "copy_engine" (default: windows every member maps, the partials moved by the copy engine, no NCCL
+    kernel beside the GEMMs) or "nccl". Read at trace time (the call's copy_engine attribute)."""
+    choice = os.environ.get("NVTE_COLLECTIVE_GEMM_TRANSPORT", "copy_engine").strip().lower() or "copy_engine"
+    if choice not in ("copy_engine", "nccl"):
+        raise ValueError(f"collective GEMM: NVTE_COLLECTIVE_GEMM_TRANSPORT={choice!r} is not one of copy_engine, "
+                         f"nccl")
+    return choice
 
 
 def _operand(a, quantizer, axis):

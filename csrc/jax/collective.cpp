@@ -4,15 +4,21 @@
 // Arguments, results and attributes, in the order the Python call passes them:
 //   args     x x_scale_inv w w_scale_inv   (one rank's operands; *_scale_inv f32[1] for FP8 per tensor, else empty)
 //   results  out (AG [tp·m, n], RS [m, n]); gathered (AG with keep_gathered: [tp·m, k], else empty); workspace (uint8)
-//   attrs    kind comm tp overlap use_split_accumulator sm_margin keep_gathered w_kn (collective.h CollectiveAttrs)
+//   attrs    kind comm tp overlap use_split_accumulator sm_margin keep_gathered w_kn copy_engine (collective.h
+//            CollectiveAttrs)
 //
-// The rank is the executing device's in the communicator `comm` (made by the frontend before the program runs). The
-// initialize stage records the schedule's kernels with a transport that moves nothing (a throwaway capture must not
-// record NCCL calls whose peers do not capture) and creates the cuBLASLt handle; execute runs the ring. The handler
-// is not declared command-buffer compatible: XLA runs it as a thunk of its own, next to its own collectives.
+// The rank is the executing device's in the communicator `comm` (made by the frontend before the program runs). A
+// reduce-scatter traced with copy_engine runs over the ring's copy-engine windows (comm/local_windows.h: one process
+// driving every member), else over NCCL; the workspace is planned for NCCL's (the larger). The initialize
+// stage records the schedule's kernels with a transport that moves nothing (a throwaway capture must not record NCCL
+// calls whose peers do not capture) and creates the cuBLASLt handle; execute runs the ring. The handler is not
+// declared command-buffer compatible: XLA runs it as a thunk of its own, next to its own collectives.
 #include "collective.h"
 
 #include "../core/comm/nccl_comm.h"
+#if defined(TE_WITH_CUDA)
+#include "../core/comm/local_windows.h"
+#endif
 #include "../core/gemm/gemm.h"
 
 namespace te_jax {
@@ -98,17 +104,32 @@ void run(cudaStream_t stream, te::comm::Transport& transport, Buf x, Buf xs, Buf
 
 ffi::Error execute(cudaStream_t stream, Buf x, Buf xs, Buf w, Buf ws, Ret out, Ret gathered, Ret workspace,
                    int64_t kind, int64_t comm, int64_t tp, bool overlap, bool split, int64_t sm_margin,
-                   bool keep_gathered, bool w_kn) {
+                   bool keep_gathered, bool w_kn, bool copy_engine) {
   return guarded([&] {
-    const CollectiveAttrs at{kind, comm, tp, overlap, split, sm_margin, keep_gathered, w_kn};
-    const std::unique_ptr<te::comm::Transport> t = te::comm::nccl_transport(comm, current_device(), stream);
+    const CollectiveAttrs at{kind, comm, tp, overlap, split, sm_margin, keep_gathered, w_kn, copy_engine};
+    // the reduce-scatter over the ring's copy-engine windows when the call was traced for them (the frontend made
+    // them for every member at once), else NCCL
+    std::unique_ptr<te::comm::Transport> t;
+    if (copy_engine) {
+      if (!te::ops::copy_engine_serves(te::ops::CollectiveKind(kind))) {
+        te::fail(te::ErrorKind::kValue, "te_collective_gemm: copy_engine serves the reduce-scatter only");
+      }
+      t = te::comm::local_window_transport(comm, current_device(), stream);
+      if (!t) {
+        te::fail(te::ErrorKind::kValue, te::ops::msg("te_collective_gemm: the call was traced for the copy engine "
+                                                     "but device ", te::ops::str(current_device()),
+                                                     " has no window for its ring (local_windows_ensure first)"));
+      }
+    } else {
+      t = te::comm::nccl_transport(comm, current_device(), stream);
+    }
     run(stream, *t, x, xs, w, ws, out, gathered, workspace, at);
   });
 }
 
 ffi::Error initialize(cudaStream_t stream, Buf x, Buf xs, Buf w, Buf ws, Ret out, Ret gathered, Ret workspace,
                       int64_t kind, int64_t comm, int64_t tp, bool overlap, bool split, int64_t sm_margin,
-                      bool keep_gathered, bool w_kn) {
+                      bool keep_gathered, bool w_kn, bool copy_engine) {
   ffi::Error ready = guarded([] { te::cublaslt_prepare(); });
   if (!ready.success()) return ready;
   InitKey key;
@@ -117,10 +138,10 @@ ffi::Error initialize(cudaStream_t stream, Buf x, Buf xs, Buf w, Buf ws, Ret out
   key.add(gathered);
   key.add(workspace);
   for (int64_t v : {kind, comm, tp, sm_margin}) key.add(v);
-  for (bool v : {overlap, split, keep_gathered, w_kn}) key.add(v);
+  for (bool v : {overlap, split, keep_gathered, w_kn, copy_engine}) key.add(v);
   return in_throwaway_capture(stream, key, [&] {
     return guarded([&] {
-      const CollectiveAttrs at{kind, comm, tp, overlap, split, sm_margin, keep_gathered, w_kn};
+      const CollectiveAttrs at{kind, comm, tp, overlap, split, sm_margin, keep_gathered, w_kn, copy_engine};
       te::comm::NullTransport t(0, int(tp));
       run(stream, t, x, xs, w, ws, out, gathered, workspace, at);
     });
@@ -144,7 +165,8 @@ template <class B> auto binding(B b) {
       .template Attr<bool>("use_split_accumulator")
       .template Attr<int64_t>("sm_margin")
       .template Attr<bool>("keep_gathered")
-      .template Attr<bool>("w_kn");
+      .template Attr<bool>("w_kn")
+      .template Attr<bool>("copy_engine");
 }
 
 }  // namespace

@@ -23,6 +23,7 @@ struct CollectiveAttrs {
   int64_t sm_margin = 0;
   bool keep_gathered = false;
   bool w_kn = false;  // w stored [k, n] (plain operands)
+  bool copy_engine = false;  // reduce-scatter: over the ring's copy-engine windows (the frontend made them)
 };
 
 // x [rows, k], x_scale_inv (f32[1] for FP8, 0 elements otherwise), w [n, k] ([k, n] with w_kn), w_scale_inv likewise.

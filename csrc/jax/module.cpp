@@ -5,6 +5,9 @@
 #include <pybind11/stl.h>
 
 #include "../core/comm/nccl_comm.h"
+#if defined(TE_WITH_CUDA)
+#include "../core/comm/local_windows.h"
+#endif
 #include "collective.h"
 #include "gemm.h"
 #include "grouped_gemm.h"
@@ -178,7 +181,25 @@ py::dict plan_collective_gemm(const std::vector<std::pair<std::vector<int64_t>, 
   d["gathered"] = keep_gathered && kind == int64_t(te::ops::CollectiveKind::kAllGather) ? dims(plan.gathered_shape)
                                                                                       : std::vector<int64_t>{0};
   d["workspace_bytes"] = collective_workspace_bytes(plan);
+  d["window_bytes"] = te::ops::collective_window_bytes(plan);  // the copy engine's window (0: a kind it does not serve)
   return d;
+}
+
+// The copy-engine windows of rings whose every member is a device of this process (csrc/core/comm/local_windows.h):
+// rings [[(device, rank), ...], ...].
+void local_windows_ensure(int64_t key, const std::vector<std::vector<std::pair<int, int>>>& rings, int64_t bytes) {
+#if defined(TE_WITH_CUDA)
+  std::vector<std::vector<te::comm::LocalMember>> r;
+  for (const auto& ring : rings) {
+    r.emplace_back();
+    for (const auto& [device, rank] : ring) r.back().push_back({device, rank});
+  }
+  py::gil_scoped_release release;
+  te::comm::local_windows_ensure(key, r, bytes);
+#else
+  (void)key, (void)rings, (void)bytes;
+  te::core_fail("local_windows_ensure: this build has no CUDA");
+#endif
 }
 
 // The NCCL registry (csrc/core/comm/nccl_comm.h) for transformer_engine_jax/collective.py: members are (device, rank).
@@ -273,6 +294,7 @@ PYBIND11_MODULE(_ffi, m) {
   m.def("nccl_create", &te_jax::nccl_create, py::arg("key"), py::arg("unique_id"), py::arg("size"),
         py::arg("members"));
   m.def("nccl_has", &te::comm::nccl_has, py::arg("key"), py::arg("device"));
+  m.def("local_windows_ensure", &te_jax::local_windows_ensure, py::arg("key"), py::arg("rings"), py::arg("bytes"));
 #if defined(TE_WITH_CUDA)
   m.attr("with_cuda") = true;
 #else

@@ -75,6 +75,12 @@ ref = xb.astype(np.float64) @ wb[:n].astype(np.float64).T
 assert np.abs(y - ref).max() <= 2 ** -7 * np.abs(ref).max(), "RS far from float64"
 assert np.abs(y - ring).max() <= 2 ** -7 * np.abs(ref).max(), "RS far from the ppermute ring"
 print("RS == ppermute ring bit for bit:", bool(np.array_equal(y, ring)))
+# one process: the reduce-scatter ran over the copy engine's windows (the default); NCCL's send/receive give its bytes
+assert bool(N._local_rings) == (jax.process_count() == 1), "copy-engine windows where every member is local"
+os.environ["NVTE_COLLECTIVE_GEMM_TRANSPORT"] = "nccl"
+y_nccl = host(jax.jit(lambda x, w: N.gemm_reduce_scatter(x, w, mesh, "tp"))(xk, wk))
+del os.environ["NVTE_COLLECTIVE_GEMM_TRANSPORT"]
+assert np.array_equal(y, y_nccl), "RS over the copy engine != over NCCL"
 
 # ---- FP8 current scaling: the ring form's bytes (the same unsharded quantization) --------------------------------
 q = lambda: tej.QuantizerFactory.create(scaling_mode=tej.ScalingMode.CURRENT_TENSOR_SCALING,
