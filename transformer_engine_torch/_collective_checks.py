@@ -135,10 +135,6 @@ def _local_checks(rec, kind, x, w, quantizer, out_dtype, return_gathered, differ
     if x.device != w.device:
         raise ValueError(f"{op}: {xn} is on {x.device} but {wn} on {w.device}; move them to one device")
     rec["device"] = _DEVICES.get(x.device.type, 2)
-    # this process's reduce-scatter transport on CUDA (the environment's, _collective_window.py): 0 the process
-    # group's send/receive, 1 the copy engine's windows; recorded for every op, so that ranks launched with different
-    # choices are told at their first collective GEMM
-    rec["transport"] = int(x.device.type == "cuda" and transport(op) == "copy_engine")
     if x.device.type not in types:
         raise ValueError(f"{op}: {xn} is on {x.device} but the group runs on {'/'.join(sorted(types))} (gloo: CPU "
                          f"tensors, NCCL: each rank's GPU); move the operands there")
@@ -266,6 +262,11 @@ def check(kind, x, w, group, *, quantizer=None, out_dtype=None, return_gathered=
     local = None
     try:
         _local_checks(rec, kind, x, w, quantizer, out_dtype, return_gathered, differentiable, types)
+        # this process's reduce-scatter transport on CUDA (_collective_window.py): 0 the process group's send/receive,
+        # 1 the copy engine's windows; recorded for every op, so that ranks that chose differently are told at their
+        # first collective GEMM
+        rec["transport"] = int(getattr(x, "device", None) is not None and x.device.type == "cuda"
+                               and transport(op, group) == "copy_engine")
         if layout != "TN":
             raise ValueError(f"{op}: layout {layout!r} is not supported; the collective GEMM takes \"TN\" (w [N, K], "
                              f"D = X·Wᵀ): pass the weight's [N, K] copy")

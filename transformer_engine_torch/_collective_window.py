@@ -3,10 +3,9 @@ CopyEngineWindow): one symmetric-memory buffer per (group, device), every rank's
 torch.distributed's symmetric memory, so that each rank's partial sums are copied by the copy engine straight into
 their owner's window — no NCCL send/receive kernels competing with the chunk GEMMs for SMs.
 
-Which transport: NVTE_COLLECTIVE_GEMM_TRANSPORT = "copy_engine" (default on CUDA) or "nccl" (the process group's
-send/receive). The copy engine needs CUDA tensors, a process group whose ranks share a node (symmetric memory) and
-every rank to make the same choice (the environment is the same on every rank; the choice travels in the agreement
-record). A window grows, collectively, when a call needs more than it holds; growing inside a CUDA graph capture
+Which transport: NVTE_COLLECTIVE_GEMM_TRANSPORT = "copy_engine" or "nccl" (the process group's send/receive); unset,
+the copy engine when every rank of the group is on this node (symmetric memory maps the peers of one node), NCCL
+otherwise. Every rank must make the same choice; it travels in the agreement record. A window grows, collectively, when a call needs more than it holds; growing inside a CUDA graph capture
 raises — run the op once before capturing it.
 """
 from __future__ import annotations
@@ -21,12 +20,27 @@ _WINDOWS: dict = {}
 _CHOICES = ("copy_engine", "nccl")
 
 
-def transport(op: str) -> str:
-    """The reduce-scatter's transport on CUDA (the environment's choice)."""
-    choice = os.environ.get("NVTE_COLLECTIVE_GEMM_TRANSPORT", "copy_engine").strip().lower() or "copy_engine"
+def transport(op: str, group=None) -> str:
+    """The reduce-scatter's transport on CUDA for `group` (None: the world): the environment's choice, else the copy
+    engine when the group is node-local."""
+    choice = os.environ.get("NVTE_COLLECTIVE_GEMM_TRANSPORT", "").strip().lower()
+    if not choice:
+        return "copy_engine" if node_local(group) else "nccl"
     if choice not in _CHOICES:
         raise ValueError(f"{op}: NVTE_COLLECTIVE_GEMM_TRANSPORT={choice!r} is not one of {', '.join(_CHOICES)}")
     return choice
+
+
+def node_local(group=None) -> bool:
+    """Whether every rank of `group` runs on this node: under torchrun a node's ranks are the block of
+    LOCAL_WORLD_SIZE consecutive global ranks; without its variables, a group no larger than this node's GPU count."""
+    import torch.distributed as dist
+
+    ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+    per_node = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    if per_node.isdigit() and int(per_node) > 0:
+        return len({r // int(per_node) for r in ranks}) == 1
+    return len(ranks) <= torch.cuda.device_count()
 
 
 def window_bytes(rows: int, n: int, tp: int) -> int:

@@ -104,11 +104,11 @@ def _rs(x, w_shard, group, quantizer, out_dtype, comm_overlap, use_split_accumul
 
 def _window(op, xd, wd, group):
     """The copy-engine windows of a CUDA reduce-scatter ([] : the process group's NCCL; _collective_window.py)."""
-    if xd.device.type != "cuda" or _cw.transport(op) != "copy_engine":
-        return []
     import torch.distributed as dist
 
     group = dist.group.WORLD if group is None else group
+    if xd.device.type != "cuda" or _cw.transport(op, group) != "copy_engine":
+        return []
     tp = group.size()
     return _cw.window(op, group, _cw.window_bytes(xd.shape[0], wd.shape[0], tp), xd.device)
 

@@ -1,0 +1,49 @@
+"""The reduce-scatter's transport choice and window size (transformer_engine_torch/_collective_window.py), on the CPU:
+the choice decides whether the ranks map each other's memory, so a group that spans nodes must never get the copy
+engine unless asked for, and a bad name must be refused with the variable named."""
+import pytest
+import torch
+
+from transformer_engine_torch import _collective_window as cw
+
+KEY = "NVTE_COLLECTIVE_GEMM_TRANSPORT"
+
+
+@pytest.fixture
+def ranks_are_groups(monkeypatch):
+    """A group is given as its list of global ranks."""
+    monkeypatch.setattr(torch.distributed, "get_process_group_ranks", lambda group: list(group))
+    monkeypatch.delenv(KEY, raising=False)
+
+
+def test_torchrun_nodes_decide(ranks_are_groups, monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # nodes hold global ranks 0-3, 4-7, ...
+    assert cw.transport("op", [4, 5, 6, 7]) == "copy_engine"
+    assert cw.transport("op", [0, 2]) == "copy_engine"
+    assert cw.transport("op", [2, 3, 4, 5]) == "nccl"  # spans two nodes
+    assert cw.transport("op", [0, 4]) == "nccl"
+
+
+def test_without_torchrun_the_gpu_count_decides(ranks_are_groups, monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert cw.transport("op", [0, 1]) == "copy_engine"
+    assert cw.transport("op", [0, 1, 2]) == "nccl"
+
+
+def test_the_environment_wins_and_bad_names_are_refused(ranks_are_groups, monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv(KEY, "nccl")
+    assert cw.transport("op", [4, 5]) == "nccl"
+    monkeypatch.setenv(KEY, " Copy_Engine ")
+    assert cw.transport("op", [2, 3, 4, 5]) == "copy_engine"
+    monkeypatch.setenv(KEY, "bogus")
+    with pytest.raises(ValueError, match=r"gemm_reduce_scatter: NVTE_COLLECTIVE_GEMM_TRANSPORT='bogus' is not one of "
+                                         r"copy_engine, nccl"):
+        cw.transport("gemm_reduce_scatter", [0, 1])
+
+
+def test_window_bytes():
+    """The flags page (4096 bytes) and tp − 1 FP32 partials [rows/tp, n]."""
+    assert cw.window_bytes(rows=8, n=3, tp=4) == 4096 + 3 * (2 * 3 * 4)
+    assert cw.window_bytes(rows=4096, n=8192, tp=2) == 4096 + 2048 * 8192 * 4
