@@ -265,9 +265,9 @@ def all_gather_gemm(x, w, mesh, axis: str, *, x_quantizer=None, w_quantizer=None
 def gemm_reduce_scatter(x, w, mesh, axis: str, *, x_quantizer=None, w_quantizer=None, comm_overlap=True,
                         sm_margin=None, out_dtype=None):
     """y [M, N] = x [M, K] · w [N, K]ᵀ with x and w sharded along K over `axis` (a row-parallel layer with a
-    sequence-parallel output): each device computes its FP32 partial products chunk by chunk and NCCL sends each to
-    the chunk's owner while the next is computed (chunk c summed over ranks c + 1, …, c, rounded once); y comes back
-    sharded along M."""
+    sequence-parallel output): each device computes its FP32 partial products chunk by chunk and sends each to the
+    chunk's owner while the next is computed — by the copy engine where one process drives every device of the ring
+    (_transport), else by NCCL (chunk c summed over ranks c + 1, …, c, rounded once); y comes back sharded along M."""
     _check("gemm_reduce_scatter", x, w, mesh, axis, 1)
     if x.shape[0] % mesh.shape[axis]:
         raise ValueError(f"gemm_reduce_scatter: x's {x.shape[0]} rows must split into tp = {mesh.shape[axis]} "

@@ -5,8 +5,9 @@ their owner's window — no NCCL send/receive kernels competing with the chunk G
 
 Which transport: NVTE_COLLECTIVE_GEMM_TRANSPORT = "copy_engine" or "nccl" (the process group's send/receive); unset,
 the copy engine when every rank of the group is on this node (symmetric memory maps the peers of one node), NCCL
-otherwise. Every rank must make the same choice; it travels in the agreement record. A window grows, collectively, when a call needs more than it holds; growing inside a CUDA graph capture
-raises — run the op once before capturing it.
+otherwise. Every rank must make the same choice; it travels in the agreement record. A window grows, collectively,
+when a call needs more than it holds; growing inside a CUDA graph capture raises — run the op once before capturing
+it.
 """
 from __future__ import annotations
 
