@@ -47,3 +47,25 @@ def test_window_bytes():
     """The flags page (4096 bytes) and tp − 1 FP32 partials [rows/tp, n]."""
     assert cw.window_bytes(rows=8, n=3, tp=4) == 4096 + 3 * (2 * 3 * 4)
     assert cw.window_bytes(rows=4096, n=8192, tp=2) == 4096 + 2048 * 8192 * 4
+
+
+def test_op_refuses_a_window_off_cuda(tmp_path):
+    """te::collective_gemm takes a copy-engine window only for a CUDA reduce-scatter: a window with CPU operands (or
+    with the all-gather) is refused before any ring starts, naming the rule and the device."""
+    import torch.distributed as dist
+
+    import transformer_engine_torch  # noqa: F401  (registers te::)
+    from transformer_engine_torch.dtypes import DType
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        bf16 = int(DType.kBFloat16)
+        x, w = torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(4, 8, dtype=torch.bfloat16)
+        name = dist.group.WORLD.group_name
+        for kind, what in ((2, "reduce-scatter"), (1, "all-gather")):
+            with pytest.raises(ValueError, match=f"the copy-engine window serves the CUDA reduce-scatter only; got "
+                                                 f"a cpu {what}"):
+                torch.ops.te.collective_gemm.default(x, None, bf16, w, None, bf16, kind, name, bf16, True, True,
+                                                     False, -1, [4096 + 64, 0])
+    finally:
+        dist.destroy_process_group()
