@@ -198,3 +198,57 @@ print(h.hexdigest())
 def test_command_buffer_gives_the_same_bytes(same_bytes_with_command_buffers):
     """XLA's command buffers (CUDA graphs) with custom calls included replay our handlers with the same bytes."""
     same_bytes_with_command_buffers(_CMD_BUFFER_SCRIPT)
+
+
+# ---- the collective GEMM: tex over gloo (2 processes) and tej's ring (2 CPU devices) give the same bytes ----------
+def _tex_collective_rank(rank, tp, d, init):
+    """One gloo rank: tex.all_gather_gemm and tex.gemm_reduce_scatter on its shards of the saved operands; saves its
+    outputs (bf16 bits)."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=tp)
+    try:
+        x, w = (torch.from_numpy(np.load(f"{d}/{n}.npy")).view(torch.bfloat16) for n in ("x", "w"))
+        m, k = x.shape[0] // tp, x.shape[1] // tp
+        n = w.shape[0] // tp
+        ag = tex.all_gather_gemm(x[rank * m:(rank + 1) * m].contiguous(), w[rank * n:(rank + 1) * n].contiguous())
+        rs = tex.gemm_reduce_scatter(x[:, rank * k:(rank + 1) * k].contiguous(), w[:, rank * k:(rank + 1) * k]
+                                     .contiguous())
+        for name, y in (("ag", ag), ("rs", rs)):
+            np.save(f"{d}/{name}{rank}.npy", y.view(torch.int16).numpy())
+    finally:
+        dist.destroy_process_group()
+
+
+_TEJ_COLLECTIVE = """
+import numpy as np, jax, jax.numpy as jnp
+from jax.sharding import Mesh
+from transformer_engine_jax import collective as C
+d, tp = {d!r}, 2
+mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
+x, w = (jnp.asarray(np.load(f"{{d}}/{{n}}.npy").view(jnp.bfloat16)) for n in ("x", "w"))
+ag = np.asarray(C.all_gather_gemm_sharded(x, w, mesh, "tp")).view(np.int16)
+rs = np.asarray(C.gemm_reduce_scatter_sharded(x, w, mesh, "tp")).view(np.int16)
+want_ag = np.concatenate([np.load(f"{{d}}/ag{{r}}.npy") for r in range(tp)], axis=1)  # each rank: its N columns
+want_rs = np.concatenate([np.load(f"{{d}}/rs{{r}}.npy") for r in range(tp)], axis=0)  # each rank: its M rows
+assert np.array_equal(ag, want_ag), "all-gather + GEMM: tej's bytes differ from tex's"
+assert np.array_equal(rs, want_rs), "GEMM + reduce-scatter: tej's bytes differ from tex's"
+print("ok")
+"""
+
+
+def test_collective_gemm_bytes_equal_tex(tmp_path, run_on_cpu_mesh):
+    """The collective GEMM through both frontends on the CPU: tex over torch.distributed (gloo, 2 processes, the
+    core's ring) and tej's ring (ppermutes around tej.gemm on 2 CPU devices) give the same output bytes for the same
+    input bytes — all-gather + GEMM, and GEMM + reduce-scatter with its FP32 partials summed in the ring's order."""
+    import torch.multiprocessing as mp
+
+    rng = np.random.default_rng(11)
+    tp, m, k, n = 2, 16, 32, 24
+    for name, shape in (("x", (tp * m, tp * k)), ("w", (tp * n, tp * k))):
+        bits = torch.from_numpy(rng.uniform(-2, 2, shape).astype(np.float32)).bfloat16().view(torch.int16)
+        np.save(tmp_path / f"{name}.npy", bits.numpy())
+    mp.start_processes(_tex_collective_rank, args=(tp, str(tmp_path), str(tmp_path / "init")), nprocs=tp,
+                       start_method="spawn")
+    run_on_cpu_mesh(_TEJ_COLLECTIVE.format(d=str(tmp_path)))
