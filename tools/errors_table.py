@@ -1,9 +1,9 @@
-"""Writes README's "Errors" table from the case tables of tests/torch/test_bad_inputs.py: one row per case with the
+"""Writes the table of docs/errors.md from the case tables of tests/torch/test_bad_inputs.py: one row per case with the
 call, the exception (or warning) class and the message it gives now (abridged). Runs every CPU case; the GPU cases
 are listed with the message words their test requires.
 
     python3 tools/errors_table.py           # print the table
-    python3 tools/errors_table.py --write   # replace the table between the markers in README.md
+    python3 tools/errors_table.py --write   # replace the table between the markers in docs/errors.md
 """
 import inspect
 import os
@@ -84,9 +84,9 @@ def main():
     if "--write" not in sys.argv:
         print(text)
         return
-    path = os.path.join(ROOT, "README.md")
-    readme = open(path).read()
-    head, rest = readme.split(BEGIN)
+    path = os.path.join(ROOT, "docs", "errors.md")
+    page = open(path).read()
+    head, rest = page.split(BEGIN)
     _, tail = rest.split(END)
     with open(path, "w") as f:
         f.write(f"{head}{BEGIN}\n{text}\n{END}{tail}")

@@ -2,7 +2,7 @@
 (the op, the offending shapes, dtypes and formats, the arch, the rule and the fix), and never a C++ stack in the
 message. TypeError: wrong argument type or dtype; ValueError: bad values, shapes and rule violations (Python checks
 and TORCH_CHECK_VALUE); RuntimeError: other C++ checks; NotImplementedError: a format, arch or feature not provided.
-README "Errors" lists the same table (tools/errors_table.py writes it from CASES).
+docs/errors.md lists the same table (tools/errors_table.py writes it from CASES).
 
 Beside the table: where 0-d and empty tensors are valid they work (against references), non-contiguous and
 strided inputs give the bytes their `.contiguous()` copies give, meta tensors trace, every op has a CUDA kernel
@@ -37,7 +37,7 @@ class Case:
     call: Callable  # call(tex) raises
     exc: type  # the exact class SPEC §1.5 asks for
     words: tuple  # each must appear in the message (case-insensitive)
-    rule: str  # the README table's "rule" column
+    rule: str  # the "rule" column of docs/errors.md's table
 
 
 def check_raises(case, tex):
