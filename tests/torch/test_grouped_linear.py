@@ -274,20 +274,24 @@ def test_bad_m_splits_and_inputs():
 
 
 # ---- torch.compile -------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("recipe", [None, "current"])
+@pytest.mark.parametrize("recipe", [None, "current", "delayed"])
 def test_compile_fullgraph_matches_eager(recipe):
     """torch.compile(fullgraph=True) (aot_eager: dynamo + AOTAutograd) with m_splits as a tensor: no graph break,
-    the same bits as eager, forward and backward."""
+    the same bits as eager, forward and backward (delayed: twin layers whose scales and histories advance alike)."""
     torch._dynamo.reset()
-    m = make_layer(3, 32, 32, seed=9)
+    r = None if recipe is None else RECIPES[recipe]()
+    eager, twin = make_layer(3, 32, 32, seed=9), make_layer(3, 32, 32, seed=9)
+    if recipe == "delayed":
+        for m in (eager, twin):
+            m.init_fp8_state(r)
     x, dy = make_inputs(48, 32, 32, torch.bfloat16, "cpu")
     sizes = torch.tensor([20, 0, 28])
-    r = None if recipe is None else RECIPES[recipe]()
-    want = run(m, x, dy, sizes, r)
-    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
-    got = run(compiled, x, dy, sizes, r)
+    want = run(eager, x, dy, sizes, r)
+    got = run(torch.compile(twin, fullgraph=True, backend="aot_eager"), x, dy, sizes, r)
     for a, b in zip([got[0], got[1]] + got[2] + got[3], [want[0], want[1]] + want[2] + want[3]):
         assert torch.equal(a, b)
+    for name, buf in eager.named_buffers():
+        assert torch.equal(buf, dict(twin.named_buffers())[name]), name
 
 
 # ---- CUDA -----------------------------------------------------------------------------------------------------------
