@@ -2,8 +2,8 @@
 grouped GEMM with the group sizes on the device (gemm.py: `grouped_gemm`, `grouped_gemm_wgrad`).
 
 The row counts `m_splits` stay where they are: a device tensor is read only by the kernels (no host sync, so a
-training step can be captured in a CUDA graph with the routing changing between replays); a Python list is
-converted once per call. The GEMMs of one call:
+training step can be captured in a CUDA graph with the routing changing between replays); a Python list (or a CPU
+tensor) is checked, then copied once per call through pinned memory (no wait for the GPU either). The GEMMs:
 
     fprop  y  = grouped_gemm(x, [W_g])                  w "NK"  (W_g [out, in] as stored)
     dgrad  dx = grouped_gemm(dy, [W_g])                 w "KN"  plain; FP8 per tensor "NK" of W_gᵀ (its columnwise
@@ -40,6 +40,14 @@ def _row_groups(sizes: torch.Tensor, rows: int) -> torch.Tensor:
     at `rows`), `groups` for the rows past the last group. Computed on the device: no host sync."""
     ends = torch.cumsum(sizes.clamp(min=0).to(torch.int64), 0)
     return torch.searchsorted(ends, torch.arange(rows, device=sizes.device), right=True)
+
+
+def _to_device(sizes: torch.Tensor, device) -> torch.Tensor:
+    """Host sizes on `device`: into a CUDA device through pinned memory, so the copy does not wait for the GPU (a
+    pageable copy would synchronise the host with the stream)."""
+    if torch.device(device).type != "cuda" or torch.compiler.is_compiling():
+        return sizes.to(device)
+    return sizes.pin_memory().to(device, non_blocking=True)
 
 
 def _only(q, rowwise: bool):
@@ -221,8 +229,10 @@ class GroupedLinear(_DelayedMixin, torch.nn.Module):
             if m_splits.dtype not in (torch.int32, torch.int64):
                 raise TypeError(f"GroupedLinear: m_splits must be an int32 or int64 tensor (or a list of ints), got "
                                 f"{m_splits.dtype}")
-            if m_splits.device.type == "cpu" and not torch.compiler.is_compiling():
-                self._check_host_sizes(m_splits.tolist(), rows)
+            if m_splits.device.type == "cpu":
+                if not torch.compiler.is_compiling():
+                    self._check_host_sizes(m_splits.tolist(), rows)
+                return _to_device(m_splits.to(torch.int32), device)
             return m_splits.to(device=device, dtype=torch.int32)
         if not isinstance(m_splits, (list, tuple)):
             raise TypeError(f"GroupedLinear: m_splits must be a list of ints or an int tensor, got "
@@ -231,7 +241,7 @@ class GroupedLinear(_DelayedMixin, torch.nn.Module):
             raise ValueError(f"GroupedLinear: m_splits must hold one row count per GEMM (num_gemms={g}), got "
                              f"{len(m_splits)}: {list(m_splits)}")
         self._check_host_sizes(m_splits, rows)
-        return torch.tensor([int(s) for s in m_splits], dtype=torch.int32, device=device)
+        return _to_device(torch.tensor([int(s) for s in m_splits], dtype=torch.int32), device)
 
     @staticmethod
     def _check_host_sizes(sizes, rows: int) -> None:

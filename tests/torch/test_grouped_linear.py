@@ -298,20 +298,24 @@ def test_compile_fullgraph_matches_eager(recipe):
 @pytest.mark.cuda
 @pytest.mark.parametrize("recipe", [None, "current", "delayed", "mxfp8", "fp8_block"])
 def test_cuda_no_host_sync_and_accuracy(recipe):
-    """Forward and backward with m_splits on the device never synchronise the host (sync debug mode raises on a
-    sync), and agree with float64 (bf16 tolerance plain, the layer tolerance quantized)."""
+    """Forward and backward with m_splits on the device (or a list) never synchronise the host (sync debug mode
+    raises on a sync), and agree with float64 (bf16 tolerance plain, the layer tolerance quantized)."""
     sizes = [300, 0, 17, 512, 195]
     m = make_layer(5, 256, 384, device="cuda", seed=10)
     x, dy = make_inputs(sum(sizes), 256, 384, torch.bfloat16, "cuda")
     r = None if recipe is None else RECIPES[recipe]()
     ts = torch.tensor(sizes, device="cuda")
-    run(m, x, dy, ts, r)  # warm-up: lazy initialisation may sync once
+    for splits in (ts, sizes):  # warm-up: lazy initialisation may sync once
+        run(m, x, dy, splits, r)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         got = run(m, x, dy, ts, r)
+        from_list = run(m, x, dy, sizes, r)  # a list: copied through pinned memory, no wait either
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    if recipe != "delayed":  # (delayed scaling moved on a step)
+        assert torch.equal(from_list[0], got[0])
     tol = dict(rtol=1.6e-2, atol=0.1) if r is None else OUT_TOL
     assert_all_close(got, reference(x, dy, *params(m), sizes), tol, GRAD_TOL if r else tol, str(recipe))
 
