@@ -103,7 +103,8 @@ class _GroupedLinearFn(torch.autograd.Function):
             ctx.w_q = [_keep_columnwise(q) for q in w_q] if need_dx else None
             saved = (None, None)
         if biases:
-            # Added after the GEMM (the grouped kernel has no bias epilogue): rows past the groups get none.
+            # Added to the GEMM's rounded output (the grouped kernel has no bias epilogue, and an FP32 output would
+            # leave its tensor-core path): two roundings where Linear has one. Rows past the groups get none.
             b = torch.cat([torch.stack(biases).to(act_dtype), y.new_zeros(1, out_features)])
             y = y + b[_row_groups(sizes, x2.shape[0])]
         ctx.meta = (x.shape, x.dtype, weights[0].dtype, biases[0].dtype if biases else None, act_dtype,
