@@ -24,6 +24,7 @@ from .recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, F
                      NVFP4BlockScaling, Recipe, autocast, fp8_autocast)
 from . import modules  # noqa: F401
 from .modules import MLP, Linear, init_fp8_state
+from .grouped_linear import GroupedLinear  # noqa: F401  (MoE experts over the grouped GEMM)
 
 __version__ = "0.1.0"
 
