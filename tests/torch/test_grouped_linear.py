@@ -316,7 +316,9 @@ def test_cuda_no_host_sync_and_accuracy(recipe):
         torch.cuda.set_sync_debug_mode("default")
     if recipe != "delayed":  # (delayed scaling moved on a step)
         assert torch.equal(from_list[0], got[0])
-    tol = dict(rtol=1.6e-2, atol=0.1) if r is None else OUT_TOL
+    # K = 256, four times the CPU cases' 64: the FP8 rounding error of the sum (2^-4 relative per E4M3 operand, a
+    # random walk over K) doubles, and the largest of 393216 outputs reaches ~0.054 on an H200; atol 0.1 is ~6 sigma.
+    tol = dict(rtol=1.6e-2, atol=0.1) if r is None else dict(OUT_TOL, atol=0.1)
     assert_all_close(got, reference(x, dy, *params(m), sizes), tol, GRAD_TOL if r else tol, str(recipe))
 
 
