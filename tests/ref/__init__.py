@@ -26,3 +26,5 @@ from .e2m1 import E2M1_GRID, e2m1_decode, e2m1_encode, e2m1_encode_sr, nv_pack, 
 from .nvfp4 import (NV_BLOCK, NV_INV2688, NV_INV6, NV_INV_FLT_MAX, NVRef, RHT_SIGNS, dequantize_nvfp4_ref,
                     nv_block_random_bytes, nv_decode_factors_ref, nv_global_scale, nv_scale_shapes, philox4x32_10,
                     quantize_nvfp4_ref, rht_matrix_ref, rht_ref)
+from .normalization import (layernorm_fwd_ref, norm_bwd_ref, norm_gamma64, norm_output_f32,
+                            rmsnorm_fwd_ref)

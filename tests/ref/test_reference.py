@@ -179,3 +179,42 @@ def test_as_torch_reaches_the_oracle_through_dlpack():
     assert back.dtype == torch.uint8 and torch.equal(ref.fp8_decode(back, "e5m2"), ref.fp8_decode(codes, "e5m2"))
     assert not torch.equal(ref.fp8_encode(ref.as_torch(-a), "e4m3"), ref.fp8_encode(x, "e4m3")), \
         "a different array must give different codes"
+
+
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_norm_refs_match_torch_autograd(zero_centered):
+    """SPEC §11's float64 forward and closed-form backward against torch's own layer_norm / rms_norm and autograd."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 3, 24, generator=g, dtype=torch.float64) * 3 + 1
+    gamma, beta = torch.randn(24, generator=g, dtype=torch.float64), torch.randn(24, generator=g, dtype=torch.float64)
+    dz = torch.randn(5, 3, 24, generator=g, dtype=torch.float64)
+    eps, w = 1e-5, gamma + 1 if zero_centered else gamma
+    for rms in (False, True):
+        xg, wg, bg = (t.clone().requires_grad_() for t in (x, w, beta))
+        want = (torch.nn.functional.rms_norm(xg, (24,), wg, eps) if rms
+                else torch.nn.functional.layer_norm(xg, (24,), wg, bg, eps))
+        want.backward(dz)
+        if rms:
+            y, rsigma = ref.rmsnorm_fwd_ref(x, gamma, eps, zero_centered)
+            mu = None
+        else:
+            y, mu, rsigma = ref.layernorm_fwd_ref(x, gamma, beta, eps, zero_centered)
+        torch.testing.assert_close(y, want.detach(), rtol=1e-12, atol=1e-12)
+        dx, dgamma, dbeta = ref.norm_bwd_ref(dz, x, mu, rsigma, gamma, zero_centered)
+        torch.testing.assert_close(dx, xg.grad, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(dgamma, wg.grad, rtol=1e-10, atol=1e-10)
+        if not rms:
+            torch.testing.assert_close(dbeta, bg.grad, rtol=1e-10, atol=1e-10)
+
+
+def test_norm_output_f32_rounds_each_step():
+    """The FP32 output step differs from the float64 one only by FP32 roundings, and applies 1 + gamma first."""
+    x = torch.tensor([[1.0, 2.0, 4.0]])
+    mu, rsigma = torch.tensor([7 / 3]), torch.tensor([0.6])
+    gamma, beta = torch.tensor([0.5, -1.0, 2.0]), torch.tensor([0.25, 0.0, -1.0])
+    got = ref.norm_output_f32(x, mu, rsigma, gamma, beta, zero_centered_gamma=True)
+    f = lambda v: torch.tensor(v, dtype=torch.float32)
+    for j in range(3):
+        want = (((f(x[0, j].item()) - f(mu.item())) * f(0.6)) * (f(1.0) + f(gamma[j].item()))) + f(beta[j].item())
+        assert got[0, j].item() == want.item()
+    assert ref.norm_output_f32(x, None, rsigma, gamma, None)[0, 2].item() == (f(4.0) * f(0.6) * f(2.0)).item()
