@@ -5,7 +5,7 @@
 
 #include <type_traits>
 
-#include "../common/math.h"
+#include "../rules/math.h"
 
 namespace te {
 

@@ -10,11 +10,11 @@
 // out_cols = 2H for gated backward ([d_a | d_b]), else `cols`.
 #pragma once
 
-#include <functional>
-
 #include "act_functors.h"
-#include "../common/formats.h"
-#include "../common/scaling.h"
+#include "../rules/dispatch.h"
+#include "../rules/numerics.h"
+#include "../rules/parallel.h"
+#include "../rules/scaling.h"
 
 #if defined(TE_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -95,9 +95,6 @@ inline int64_t act_dbias_blocks(int64_t rows, int64_t cols) {
   return n < 1 ? 1 : n;
 }
 
-// Parallel loop the host supplies for the CPU kernels: calls body(begin, end) over [0, n).
-using ParallelFor = std::function<void(int64_t n, const std::function<void(int64_t, int64_t)>& body)>;
-
 // CPU. `in_dtype` is kFloat32/kFloat16/kBFloat16; `fp8_out` selects FP8 codes over the input dtype.
 void activation_cpu(ActKind kind, bool backward, DType in_dtype, const ActKernelParams& p,
                     const ParallelFor& parallel_for);
@@ -122,16 +119,6 @@ void transpose_bytes_cuda(const uint8_t* in, int64_t rows, int64_t cols, uint8_t
 void delayed_update_cuda(float* history, int64_t hist_len, int64_t n, float* scale, const float* reduced,
                          AmaxAlgo algo, float max_over_margin, cudaStream_t s);
 #endif
-
-// Runtime -> compile-time switches. The default cases name the accepted values.
-#define TE_SWITCH_IN_DTYPE(dtype, T, ...)                                                              \
-  switch (dtype) {                                                                                     \
-    case ::te::DType::kFloat32: { using T = float; __VA_ARGS__; break; }                               \
-    case ::te::DType::kFloat16: { using T = ::te::fp16_t; __VA_ARGS__; break; }                        \
-    case ::te::DType::kBFloat16: { using T = ::te::bf16_t; __VA_ARGS__; break; }                       \
-    default: ::te::core_fail("input dtype code " + std::to_string(int(dtype)) +                         \
-                             " is not supported; accepted: float32 (4), float16 (5), bfloat16 (6)");   \
-  }
 
 }  // namespace te
 

@@ -4,7 +4,7 @@
 // |f(-0)| != |f(+0)|, is never given to this pass.
 #pragma once
 
-#include "../common/cuda_utils.cuh"
+#include "../rules/cuda_utils.cuh"
 #include "activation.h"
 
 namespace te {

@@ -5,7 +5,7 @@
 // quantize_mxfp8.h / quantize_nvfp4.h, exactly as on the CPU; amax is taken over the unrounded values.
 #pragma once
 
-#include "../common/cuda_utils.cuh"
+#include "../rules/cuda_utils.cuh"
 #include "../mxfp8/quantize_mxfp8.h"
 #include "../nvfp4/quantize_nvfp4.h"
 #include "activation.h"

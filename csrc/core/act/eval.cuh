@@ -7,7 +7,7 @@
 
 #include <type_traits>
 
-#include "../common/cuda_utils.cuh"
+#include "../rules/cuda_utils.cuh"
 #include "activation.h"
 
 namespace te {

@@ -19,7 +19,7 @@
 // before writing anything. No allocation, no host synchronisation, the caller's stream.
 #pragma once
 
-#include "../common/cuda_utils.cuh"
+#include "../rules/cuda_utils.cuh"
 #include "quantize_fp8_block.h"
 
 namespace te {

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <string>
 
-#include "../common/cuda_utils.cuh"
-#include "../common/formats.h"
+#include "../rules/cuda_utils.cuh"
+#include "../rules/numerics.h"
 #include "gemm_epilogue.h"
 #include "grouped_gemm_cuda.cuh"
 #if defined(TE_WITH_CUTLASS)

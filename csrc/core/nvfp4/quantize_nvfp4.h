@@ -17,7 +17,7 @@
 #pragma once
 
 #include "../act/activation.h"
-#include "../common/math.h"
+#include "../rules/math.h"
 
 namespace te {
 

@@ -10,7 +10,7 @@
 
 #include <string>
 
-#include "formats.h"
+#include "numerics.h"
 #include "scaling.h"
 
 namespace te {

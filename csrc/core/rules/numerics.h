@@ -205,4 +205,24 @@ TE_HD uint32_t mx_block_code_u32(float block_amax, bool e4m3) {
 // e8m0_multiplier of a code <= 0xFE (mx_block_code_u32's range): no NaN select.
 TE_HD float e8m0_multiplier_finite(uint32_t e) { return bits_float(e == 0xFEu ? 0x400000u : ((254u - e) << 23)); }
 
+// ---- Plain buffers -----------------------------------------------------------------------------------
+// Element i of a float32 / float16 / bfloat16 buffer (the caller has checked the dtype; anything else reads 0).
+TE_HD float gemm_load(const void* p, int64_t i, DType d) {
+  switch (d) {
+    case DType::kFloat32: return static_cast<const float*>(p)[i];
+    case DType::kFloat16: return to_float(static_cast<const fp16_t*>(p)[i]);
+    case DType::kBFloat16: return to_float(static_cast<const bf16_t*>(p)[i]);
+    default: return 0.0f;
+  }
+}
+
+TE_HD void gemm_store(void* p, int64_t i, DType d, float v) {
+  switch (d) {
+    case DType::kFloat32: static_cast<float*>(p)[i] = v; return;
+    case DType::kFloat16: static_cast<fp16_t*>(p)[i] = from_float<fp16_t>(v); return;
+    case DType::kBFloat16: static_cast<bf16_t*>(p)[i] = from_float<bf16_t>(v); return;
+    default: return;
+  }
+}
+
 }  // namespace te
