@@ -4,7 +4,7 @@
 // computes what the CPU kernel computes (up to the accumulation order of the product).
 #pragma once
 
-#include "../act/act_functors.h"
+#include "../producers/act_functors.h"
 #include "../rules/numerics.h"
 #include "../rules/scaling.h"
 #include "gemm.h"

@@ -220,5 +220,19 @@ template <auto kernel> int resident_per_sm(int threads, size_t smem) {
   return per_sm;
 }
 
+// Zero the padding of a scale grid (grid-stride over the padding only): the entries right of the data on its
+// `rows` data rows, then the whole rows below, up to [pad_rows, pad_cols]. `offset(r, j)` places entry (r, j).
+template <class Offset>
+__device__ __forceinline__ void zero_scale_padding(uint8_t* scale, int64_t rows, int64_t cols, int64_t pad_rows,
+                                                   int64_t pad_cols, Offset offset) {
+  const int64_t right = rows * (pad_cols - cols), below = (pad_rows - rows) * pad_cols;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < right + below;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i < right ? i / (pad_cols - cols) : rows + (i - right) / pad_cols;
+    const int64_t j = i < right ? cols + i % (pad_cols - cols) : (i - right) % pad_cols;
+    scale[offset(r, j)] = 0;
+  }
+}
+
 }  // namespace act_cuda
 }  // namespace te
