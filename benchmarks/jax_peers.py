@@ -2,7 +2,7 @@
 decoders that turn both sides' outputs into values, and the tolerances they are compared with. Nothing here imports
 transformer_engine_jax.
 
-The activations follow the core's functors (csrc/core/act/act_functors.h; gelu is the tanh form written as
+The activations follow the core's functors (csrc/core/producers/act_functors.h; gelu is the tanh form written as
 x·sigmoid(2u)); the quantizers follow SPEC §4.2 (delayed), §4.4 (current), §4.5 (MXFP8) and §4.6 (NVFP4, RNE), in
 float32 on the unrounded activation, rowwise, E4M3.
 """

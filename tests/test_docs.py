@@ -38,11 +38,6 @@ def _first_column(block: str) -> list:
 
 
 def test_core_tree_matches_architecture_doc():
-    # The restructured tree (rules/, formats/<fmt>/, producers/; issue 33 item 1) is built on another branch; the doc
-    # describes it already. Until it is merged the old folders (act/, common/, ...) are there, so the comparison
-    # would fail for a reason this branch cannot fix. Remove this skip when csrc/core/rules exists (at the merge).
-    if not (CORE / "rules").is_dir():
-        pytest.skip("csrc/core/rules does not exist yet: the doc describes the restructured tree (issue 33)")
     listed = {name.rstrip("/") for name in _first_column(_block(ARCH.read_text(), "core-tree"))}
     actual = {str(p.parent.relative_to(CORE)) for p in CORE.rglob("*")
               if p.is_file() and p.suffix in SOURCE_SUFFIXES and p.parent != CORE}

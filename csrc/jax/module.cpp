@@ -230,7 +230,7 @@ py::dict plan_grouped_gemm(const std::vector<std::pair<std::vector<int64_t>, int
   return d;
 }
 
-// The core's activation table (act/act_functors.h) as [(code, name, gated)], TE's codes only: tej derives its
+// The core's activation table (producers/act_functors.h) as [(code, name, gated)], TE's codes only: tej derives its
 // activations from it, so a new activation needs no JAX-side row.
 py::list activations() {
   py::list rows;

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "../core/act/activation.h"
+#include "../core/producers/activation.h"
 #include "../core/ops/buffers.h"
 
 #if defined(TE_WITH_CUDA)

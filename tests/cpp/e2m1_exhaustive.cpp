@@ -1,9 +1,9 @@
-// Exhaustive host check of the E2M1 encoders of csrc/core/nvfp4/quantize_nvfp4.h (run by tests/cpp/test_e2m1_exhaustive.py):
+// Exhaustive host check of the E2M1 encoders of csrc/core/formats/nvfp4/quantize_nvfp4.h (run by tests/cpp/test_e2m1_exhaustive.py):
 //   1. e2m1_encode against SPEC §2's thresholds (float64 comparisons) for all 2^32 FP32 bit patterns;
 //   2. nvfp4_pack8_nonan<true> (the CUDA table kernels' encoder) against e2m1_encode for every non-NaN FP32 value;
 //   3. nvfp4_pack8_nonan<false> (no cap at 7) against e2m1_encode for every non-NaN value with |v| < 7.
 // enc = 1, so each product is the value itself. Prints one line per check: name, values checked, mismatches.
-#include "nvfp4/quantize_nvfp4.h"
+#include "formats/nvfp4/quantize_nvfp4.h"
 
 #include <cmath>
 #include <cstdio>

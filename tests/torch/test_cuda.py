@@ -51,7 +51,7 @@ def _inputs(kind, shape, dtype, seed):
 
 
 # Gated forward ops to plain outputs whose half rows hold at least 64 chunks of 8 take a 2-D grid of their own
-# (act/rowwise_kernels.cuh, act_gated_rows_kernel): ragged column blocks (800 = 1.56 blocks of 512), row counts that are not a
+# (producers/rowwise_kernels.cuh, act_gated_rows_kernel): ragged column blocks (800 = 1.56 blocks of 512), row counts that are not a
 # multiple of the 4 rows per block, leading dims, and inputs with every special value.
 @pytest.mark.parametrize("inp", ["uniform", "bits"])
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)

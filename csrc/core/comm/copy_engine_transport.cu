@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "../common/common.h"
+#include "../rules/common.h"
 #include "transport.h"
 
 namespace te {

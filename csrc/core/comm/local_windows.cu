@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "../common/common.h"
+#include "../rules/common.h"
 
 namespace te {
 namespace comm {

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "../common/common.h"
+#include "../rules/common.h"
 #include "transport.h"
 
 namespace te {

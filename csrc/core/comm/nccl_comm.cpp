@@ -6,7 +6,7 @@
 #include <string>
 #include <utility>
 
-#include "../common/common.h"
+#include "../rules/common.h"
 
 #if defined(TE_WITH_CUDA) && defined(TE_WITH_NCCL)
 #include <cuda_runtime.h>

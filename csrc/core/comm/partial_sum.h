@@ -5,14 +5,18 @@
 
 #include <cstdint>
 
-#include "../common/common.h"
-#include "../gemm/gemm.h"
+#include "../rules/common.h"
+#include "../rules/parallel.h"
+
+#if defined(TE_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
 
 namespace te {
 namespace comm {
 
 void partial_sum_cpu(const float* slots, int n_slots, const float* own, void* out, DType out_dtype, int64_t n,
-                     const GemmParallelFor& parallel_for);
+                     const ParallelFor& parallel_for);
 #if defined(TE_WITH_CUDA)
 void partial_sum_cuda(const float* slots, int n_slots, const float* own, void* out, DType out_dtype, int64_t n,
                       cudaStream_t stream);

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "../gemm/gemm_epilogue.h"
+#include "../rules/numerics.h"
 #include "partial_sum.h"
 
 namespace te {

@@ -15,7 +15,8 @@
 #include <cstdint>
 #include <functional>
 
-#include "../common/common.h"
+#include "../rules/common.h"
+#include "../rules/parallel.h"
 
 #if defined(TE_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -107,13 +108,10 @@ inline GemmDims gemm_dims(const GemmArgs& g) {
   return d;
 }
 
-// Parallel loop the host supplies for the CPU kernel: calls body(begin, end) over [0, n).
-using GemmParallelFor = std::function<void(int64_t n, const std::function<void(int64_t, int64_t)>& body)>;
-
 // CPU (SPEC §6.7): operands decoded exactly to FP32 (FP8: code · scale_inv), products accumulated in FP64,
 // then alpha, beta, bias and the epilogue in FP32 and one rounding to the output format. Every pointer is host
 // memory; `workspace` is ignored.
-void gemm_cpu(const GemmArgs& g, const GemmParallelFor& parallel_for);
+void gemm_cpu(const GemmArgs& g, const ParallelFor& parallel_for);
 
 #if defined(TE_WITH_CUDA)
 // Thrown when cuBLASLt's heuristics find no kernel for the request (typically an epilogue the format or shape

@@ -70,7 +70,7 @@ float block_scale_inv(const GemmOperand& x, int64_t r, int64_t c) {
 }
 
 std::vector<float> decode_k_contiguous(const GemmOperand& x, bool k_major, int64_t outer, int64_t k,
-                                       const GemmParallelFor& pf) {
+                                       const ParallelFor& pf) {
   std::vector<float> out(size_t(outer) * size_t(k));
   const bool block = x.scaling == GemmScaling::kFp8Block1d || x.scaling == GemmScaling::kFp8Block2d;
   const float s = (x.scaling == GemmScaling::kFp8PerTensor) ? *static_cast<const float*>(x.scale_inv) : 1.0f;
@@ -86,7 +86,7 @@ std::vector<float> decode_k_contiguous(const GemmOperand& x, bool k_major, int64
 
 }  // namespace
 
-void gemm_cpu(const GemmArgs& g, const GemmParallelFor& pf) {
+void gemm_cpu(const GemmArgs& g, const ParallelFor& pf) {
   for (const GemmOperand* op : {&g.a, &g.b}) {
     if (op->scaling == GemmScaling::kMxfp8 || op->scaling == GemmScaling::kNvfp4)
       core_fail(std::string("gemm_cpu: operands scaled as ") + gemm_scaling_name(op->scaling) +

@@ -4,7 +4,7 @@
 // allocates or synchronises (capturable in a CUDA graph / XLA command buffer).
 #include <cuda_runtime.h>
 
-#include "../common/cuda_utils.cuh"
+#include "../rules/cuda_utils.cuh"
 #include "gemm_epilogue.h"
 
 namespace te {

@@ -4,31 +4,12 @@
 // computes what the CPU kernel computes (up to the accumulation order of the product).
 #pragma once
 
-#include "../act/act_functors.h"
-#include "../common/formats.h"
-#include "../common/scaling.h"
+#include "../producers/act_functors.h"
+#include "../rules/numerics.h"
+#include "../rules/scaling.h"
 #include "gemm.h"
 
 namespace te {
-
-// Element i of a float32 / float16 / bfloat16 buffer (the planner has checked the dtype; anything else reads 0).
-TE_HD float gemm_load(const void* p, int64_t i, DType d) {
-  switch (d) {
-    case DType::kFloat32: return static_cast<const float*>(p)[i];
-    case DType::kFloat16: return to_float(static_cast<const fp16_t*>(p)[i]);
-    case DType::kBFloat16: return to_float(static_cast<const bf16_t*>(p)[i]);
-    default: return 0.0f;
-  }
-}
-
-TE_HD void gemm_store(void* p, int64_t i, DType d, float v) {
-  switch (d) {
-    case DType::kFloat32: static_cast<float*>(p)[i] = v; return;
-    case DType::kFloat16: static_cast<fp16_t*>(p)[i] = from_float<fp16_t>(v); return;
-    case DType::kBFloat16: static_cast<bf16_t*>(p)[i] = from_float<bf16_t>(v); return;
-    default: return;
-  }
-}
 
 TE_HD bool gemm_is_fp8(DType d) { return d == DType::kFloat8E4M3 || d == DType::kFloat8E5M2; }
 TE_HD bool gemm_is_plain(DType d) { return d == DType::kFloat32 || d == DType::kFloat16 || d == DType::kBFloat16; }

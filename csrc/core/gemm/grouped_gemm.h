@@ -56,7 +56,7 @@ TE_HD int64_t grouped_lhs_scale_ld(int64_t m_total) { return (m_total + 3) / 4 *
 TE_HD int64_t grouped_rhs_scale_ld(int64_t k) { return (grouped_kb(k) + 3) / 4 * 4; }             // rhs: k blocks, padded
 
 // CPU: each group through gemm_cpu (exact decode, FP64 accumulation, one rounding); group_sizes in host memory.
-void grouped_gemm_cpu(const GroupedGemmArgs& g, const GemmParallelFor& parallel_for);
+void grouped_gemm_cpu(const GroupedGemmArgs& g, const ParallelFor& parallel_for);
 
 #if defined(TE_WITH_CUDA)
 // Device bytes the CUDA launcher needs for `groups` groups on a device of up to `max_sms` multiprocessors (the

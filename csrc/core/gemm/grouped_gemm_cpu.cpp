@@ -3,7 +3,7 @@
 #include <cstring>
 #include <vector>
 
-#include "../common/formats.h"
+#include "../rules/numerics.h"
 #include "gemm_epilogue.h"
 #include "grouped_gemm.h"
 
@@ -13,7 +13,7 @@ namespace {
 
 // d[e] = lhs[rows of e]ᵀ · rhs[rows of e]: D [n, k] = op(B)·op(A) with B = lhs rows [rows, n] transposed and
 // A = rhs rows [rows, k] (gemm.h); a group without rows gives zeros (k = 0 in the GEMM).
-void grouped_wgrad_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf, size_t elt, size_t d_elt) {
+void grouped_wgrad_cpu(const GroupedGemmArgs& g, const ParallelFor& pf, size_t elt, size_t d_elt) {
   int64_t row = 0;
   for (int64_t e = 0; e < g.groups; ++e) {
     const int64_t begin = std::min(row, g.m_total);
@@ -52,7 +52,7 @@ void decode_block_lhs(const GroupedGemmArgs& g, int64_t begin, int64_t end, std:
 
 }  // namespace
 
-void grouped_gemm_cpu(const GroupedGemmArgs& g, const GemmParallelFor& pf) {
+void grouped_gemm_cpu(const GroupedGemmArgs& g, const ParallelFor& pf) {
   const size_t d_elt = size_t(gemm_elt_bytes(g.d_dtype));
   const size_t lhs_elt = size_t(gemm_elt_bytes(g.lhs_dtype));
   const size_t rhs_elt = size_t(gemm_elt_bytes(g.rhs_dtype));

@@ -1,5 +1,5 @@
 // The CUDA grouped GEMM (grouped_gemm.h): a CUTLASS Hopper kernel where one covers the operands
-// (gemm/cutlass/grouped_cutlass.h), else the portable kernel below — correct for every format the op takes, FP32
+// (gemm/grouped_cutlass.h), else the portable kernel below — correct for every format the op takes, FP32
 // accumulation on CUDA cores, for the pairings and builds without a tensor-core kernel. Both read the group sizes on
 // the device; nothing here synchronises the host or allocates.
 #include <cuda_runtime.h>
@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <string>
 
-#include "../common/cuda_utils.cuh"
-#include "../common/formats.h"
+#include "../rules/cuda_utils.cuh"
+#include "../rules/numerics.h"
 #include "gemm_epilogue.h"
 #include "grouped_gemm_cuda.cuh"
 #if defined(TE_WITH_CUTLASS)
-#include "cutlass/grouped_cutlass.h"
+#include "grouped_cutlass.h"
 #endif
 
 namespace te {

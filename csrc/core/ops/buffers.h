@@ -9,8 +9,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "../act/activation.h"
-#include "../nvfp4/quantize_nvfp4.h"
+#include "../producers/activation.h"
+#include "../formats/nvfp4/quantize_nvfp4.h"
 
 // cudaStream_t without the CUDA headers, so a CPU-only build and its frontends see the same struct.
 struct CUstream_st;

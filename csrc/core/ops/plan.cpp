@@ -2,8 +2,8 @@
 // Check order and message text are those the torch tests match (tests/test_errors.py, tests/test_bad_inputs.py).
 #include "plan.h"
 
-#include "../fp8_block/quantize_fp8_block.h"
-#include "../mxfp8/quantize_mxfp8.h"
+#include "../formats/fp8_block/quantize_fp8_block.h"
+#include "../producers/mxfp8/quantize_mxfp8.h"
 
 #if defined(TE_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -85,7 +85,7 @@ template <typename... Ts> std::string cat(const Ts&... parts) {
 int64_t PiecePlan::bytes() const { return capacity * elem_bytes(dtype); }
 
 std::string op_name(const ActRequest& r) {
-  const char* const table_name = act_name(r.kind);  // the activation table's (act/act_functors.h)
+  const char* const table_name = act_name(r.kind);  // the activation table's (producers/act_functors.h)
   if (table_name == nullptr || r.kind == ActKind::kIdentity) return r.op;
   std::string name = table_name;
   if (r.backward) {

@@ -3,8 +3,8 @@
 
 #include <cstring>
 
-#include "../fp8_block/quantize_fp8_block.h"
-#include "../mxfp8/quantize_mxfp8.h"
+#include "../formats/fp8_block/quantize_fp8_block.h"
+#include "../producers/mxfp8/quantize_mxfp8.h"
 
 #if defined(TE_WITH_CUDA)
 #include <cuda_runtime.h>

@@ -21,7 +21,7 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 
 #include "../grouped_gemm_cuda.cuh"
-#include "grouped_cutlass.h"
+#include "../grouped_cutlass.h"
 
 namespace te {
 namespace grouped {

@@ -1,0 +1,271 @@
+// NVFP4 quantization (SPEC §2 E2M1, §4.6, §4.8): two-level scaling of a high-precision [rows, cols] tensor into
+// packed E2M1 codes with one E4M3 scale per 16 elements and a global FP32 scale derived from the tensor amax.
+// Invariant: CPU and CUDA kernels call the same encoders below (E2M1 RNE and stochastic rounding, the E4M3 block
+// scale, the Philox stream, the Hadamard transform), so for a given global amax and (seed, offset) the bytes are
+// identical on both sides. The activation (if any) is applied before these kernels run: they cast values of the
+// input dtype (the bridge writes rnd_in(act(x)) to a temporary, SPEC §5.1).
+//
+// Shapes (row-major, flattened to 2-D; cols % 16 == 0, and rows % 16 == 0 when a columnwise copy is written):
+//   x          [rows, cols]                                   input dtype (float32 / float16 / bfloat16)
+//   row_data   [rows, cols/2]                                 uint8, two E2M1 codes, even element in the low nibble
+//   row_scale  [roundup(rows, 128), roundup(cols/16, 4)]      uint8 E4M3 (compact or GEMM-swizzled), padding 0
+//   col_data   [cols, rows/2]                                 uint8, codes of the transpose x^T (optionally RHT'd)
+//   col_scale  [roundup(cols, 128), roundup(rows/16, 4)]      uint8 E4M3; entry [k, i] covers rows 16i..16i+15 of
+//                                                             column k
+//   amax_in_*  [1] float32 global amaxes the scales derive from (computed by a previous pass, never written here)
+//   amax_out_* [1] float32 the tensor's _amax_rowwise / _amax_columnwise, copied from amax_in_* (unless noop)
+#pragma once
+
+#include "../../rules/dispatch.h"
+#include "../../rules/numerics.h"
+#include "../../rules/parallel.h"
+#include "../../rules/scaling.h"
+
+#if defined(TE_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+#include "../../rules/math.h"
+
+namespace te {
+
+constexpr int64_t kNvBlock = 16;
+constexpr float kInv6 = 0x1.555556p-3f;     // fl(1/6)
+constexpr float kNvfp4GlobalMax = 2688.0f;  // 448 * 6
+// The fixed sign vector s of SPEC §4.6 as a bitmask (bit i set where s_i = -1).
+constexpr uint32_t kRhtSignMask = 0xD7E8u;
+
+// ---- E2M1 ------------------------------------------------------------------------------------------------------
+// FP32 -> E2M1 nibble, RNE with saturation at 6 (SPEC §2 thresholds, ties to the even code); sign bit of v; NaN -> 0x7.
+// Branch-free on the magnitude bits a (the same arithmetic on host and device; equal to counting the SPEC
+// thresholds |v| lies past for all 2^32 inputs, checked exhaustively): |v| >= 1 rounds its mantissa to one bit by
+// an integer RNE add, and the code is then the pattern's top bits minus 252, saturated at 7; |v| < 1 rounds onto
+// the 0.5 grid by one FP32 addition of 2^22 (codes 0, 1, 2).
+TE_HD uint8_t e2m1_encode(float v) {
+  const uint32_t x = float_bits(v);
+  const uint32_t a = x & 0x7FFFFFFFu;
+  const uint32_t r = ((a + 0x1FFFFFu + ((a >> 22) & 1u)) >> 22) - 252u;
+  const uint32_t big = r > 7u ? 7u : r;
+  const uint32_t small = float_bits(bits_float(a) + 4194304.0f) - 0x4A800000u;
+  const uint32_t c = a < 0x3F800000u ? small : big;
+  return uint8_t(a > 0x7F800000u ? 0x7u : (((x >> 28) & 0x8u) | c));
+}
+
+// Eight values times `enc`, round to nearest: eight nibbles, element 2j in the low nibble of byte j.
+TE_HD uint32_t nvfp4_pack8(const float v[8], float enc) {
+  uint32_t w = 0u;
+  for (int k = 0; k < 8; ++k) w |= uint32_t(e2m1_encode(v[k] * enc)) << (4 * k);
+  return w;
+}
+
+// nvfp4_pack8 for products that are never NaN (v finite, enc finite; the CUDA kernels' table path), written for
+// few integer-pipe instructions: the same nibbles as nvfp4_pack8 for every non-NaN v[k] * enc (checked exhaustively
+// on the host against e2m1_encode for every non-NaN FP32 product). With a = |p|, the code is rint(min(2a, a + 2,
+// a/2 + 4, 7)) (RNE; the three affine pieces follow the E2M1 grid spacings 0.5, 1, 2 and meet at a = 2 and 4, so
+// ties to the even integer are ties to the even code); each piece is rounded once by an exact FMA/add onto 2^23
+// (ulp 1), so the minimum is 2^23 + code and its low bits are the code. Codes and signs (p >> 28, the sign at bit
+// 3; one funnel shift per value on the device) are gathered as base-16 digits; the codes' constant 0x4B000000
+// digits are subtracted at the end (the sum is exact mod 2^32).
+// kCap = false leaves out the cap at 7: valid when every |p| < 7 (then a/2 + 4 < 7.5 rounds to at most 7; checked
+// exhaustively over every non-NaN |p| < 7), which a caller knows from fl(block_amax * enc) < 7 (p = fl(v * enc) is
+// monotone in |v|); with normal E4M3 block scales the block's largest product is about 6.
+constexpr uint32_t nvfp4_pack8_bias() {
+  uint32_t g = 0u;
+  for (int k = 0; k < 8; ++k) g += 0x4B000000u << (4 * k);
+  return g;
+}
+template <bool kCap = true> TE_HD uint32_t nvfp4_pack8_nonan(const float v[8], float enc) {
+  uint32_t c = 0u, t = 0u;
+  for (int k = 7; k >= 0; --k) {
+    const float p = v[k] * enc;
+#if defined(__CUDA_ARCH__)
+    const float a = fabsf(p);
+    const float lo = fminf(fma_f32(a, 2.0f, 0x1p23f), a + 0x1.000004p23f);
+    const float hi = fma_f32(a, 0.5f, 0x1.000008p23f);
+    const float m = fminf(lo, kCap ? fminf(hi, 0x1.00000ep23f) : hi);
+    t = __funnelshift_l(float_bits(p), t, 4);  // t * 16 + (p >> 28): one SHF
+#else
+    const float a = std::fabs(p);
+    const float lo = std::fmin(fma_f32(a, 2.0f, 0x1p23f), a + 0x1.000004p23f);
+    const float hi = fma_f32(a, 0.5f, 0x1.000008p23f);
+    const float m = std::fmin(lo, kCap ? std::fmin(hi, 0x1.00000ep23f) : hi);
+    t = t * 16u + (float_bits(p) >> 28);
+#endif
+    c = c * 16u + float_bits(m);
+  }
+  return (t & 0x88888888u) | (c - nvfp4_pack8_bias());
+}
+
+TE_HD float e2m1_decode(uint8_t code) {
+  const uint32_t m = code & 0x7u;
+  // 0, 0.5, 1, 1.5, 2, 3, 4, 6: exponent field e = m >> 1, mantissa bit m & 1.
+  const float mag = m < 2 ? 0.5f * float(m) : bits_float(uint32_t(127 + (m >> 1) - 1) << 23) * (1.0f + 0.5f * float(m & 1u));
+  return (code & 0x8u) ? -mag : mag;
+}
+
+// Stochastic rounding onto the E2M1 grid (SPEC §4.6) with 8 random bits r: every value lands on one of the two
+// grid points around it, grid points stay; NaN -> +6, magnitudes beyond 6 saturate.
+TE_HD float e2m1_step(float a) { return a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f); }
+TE_HD uint8_t e2m1_encode_sr(float v, uint32_t r) {
+  const uint32_t x = float_bits(v);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return 0x7;
+  const uint8_t sign = uint8_t((x >> 28) & 0x8u);
+  const float a = bits_float(x & 0x7FFFFFFFu);
+  const float u = float(r & 0xFFu) * 0.00390625f;  // r / 256, exact
+  const float t = fma_f32(u, e2m1_step(a), a);
+  const float st = e2m1_step(t);
+#if defined(__CUDA_ARCH__)
+  float q = floorf(t / st) * st;
+#else
+  float q = std::floor(t / st) * st;
+#endif
+  q = q < 6.0f ? q : 6.0f;  // Inf -> 6
+  return uint8_t(sign | e2m1_encode(q));
+}
+
+// ---- Two-level scaling ------------------------------------------------------------------------------------------
+// Global encode scale S_enc = min(fl(2688 / amax), FLT_MAX); 1 when amax is 0 or Inf (S_enc would be 0).
+TE_HD float nvfp4_global_scale(float amax) {
+  if (amax == 0.0f) return 1.0f;
+  float s = kNvfp4GlobalMax / amax;
+  if (s > kFloatMax) s = kFloatMax;
+  if (s == 0.0f) s = 1.0f;
+  return s;
+}
+// E4M3 block scale byte: e4m3(fl(block_amax * fl(S_enc * fl(1/6)))) (RNE, saturating at 448).
+TE_HD uint8_t nvfp4_block_scale(float block_amax, float s_enc) {
+  return float_to_fp8(block_amax * (s_enc * kInv6), true);
+}
+// Element multiplier enc = min(fl(1 / fl(float(sf) * S_dec)), FLT_MAX) (sf = 0 gives FLT_MAX).
+TE_HD float nvfp4_block_multiplier(uint8_t sf, float s_dec) {
+  const float e = 1.0f / (fp8_to_float(sf, true) * s_dec);
+  return e > kFloatMax ? kFloatMax : e;
+}
+
+// ---- Philox4x32-10 (counter-based; the same 128 bits on host and device for a given key and counter) ------------
+struct Philox4 { uint32_t v[4]; };
+TE_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = uint64_t(kM0) * c0, p1 = uint64_t(kM1) * c2;
+    const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0), hi1 = uint32_t(p1 >> 32), lo1 = uint32_t(p1);
+    c0 = hi1 ^ c1 ^ k0;
+    c1 = lo1;
+    c2 = hi0 ^ c3 ^ k1;
+    c3 = lo0;
+    k0 += kW0;
+    k1 += kW1;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+// Where the random bits come from: (seed, offset) as values, or (CUDA graph capture) as device pointers that the
+// graph's replays update, plus the capture's intra-graph offset. Mirrors torch's PhiloxCudaState without its header.
+struct RngState {
+  uint64_t seed = 0, offset = 0;
+  const int64_t* seed_ptr = nullptr;    // captured: read *seed_ptr in the kernel
+  const int64_t* offset_ptr = nullptr;  // captured: *offset_ptr + offset
+};
+struct RngKey { uint64_t seed, offset; };
+TE_HD RngKey rng_unpack(const RngState& s) {
+  if (s.seed_ptr != nullptr) return {uint64_t(*s.seed_ptr), uint64_t(*s.offset_ptr) + s.offset};
+  return {s.seed, s.offset};
+}
+
+// The 16 random bytes of one 16-element block: block index `blk` in its copy's own layout (rowwise: r * cols/16 + kb,
+// columnwise: k * rows/16 + i), copy 0 rowwise / 1 columnwise. Byte j (little-endian within the 4 words) drives
+// element j of the block. Independent of the launch configuration.
+TE_HD Philox4 nvfp4_block_bits(const RngKey& key, int64_t blk, int copy) {
+  const uint64_t b = uint64_t(blk);
+  return philox4x32_10(uint32_t(b), uint32_t(b >> 32) | (uint32_t(copy) << 31), uint32_t(key.offset),
+                       uint32_t(key.offset >> 32), uint32_t(key.seed), uint32_t(key.seed >> 32));
+}
+
+// ---- Random Hadamard transform (SPEC §4.6) ---------------------------------------------------------------------
+// y_j = sum_i v_i * s_i * H16[i][j] / 4, H16[i][j] = (-1)^popcount(i & j), accumulated in FP32 in index order
+// (starting from the i = 0 term), each y_j rounded to bf16. R = diag(s) * H16 / 4 is orthogonal.
+TE_HD int popcount4(uint32_t x) { return int((x & 1u) + ((x >> 1) & 1u) + ((x >> 2) & 1u) + ((x >> 3) & 1u)); }
+TE_HD void rht16(const float v[16], uint32_t sign_mask, float y[16]) {
+  float w[16];
+  for (int i = 0; i < 16; ++i) w[i] = (((sign_mask >> i) & 1u) ? -v[i] : v[i]) * 0.25f;  // exact
+  for (int j = 0; j < 16; ++j) {
+    float acc = w[0];
+    for (int i = 1; i < 16; ++i) acc = acc + ((popcount4(uint32_t(i & j)) & 1) ? -w[i] : w[i]);
+    y[j] = round_to<bf16_t>(acc);
+  }
+}
+
+// Quantizes one 16-element block of values `v` (what the copy encodes) given its scale byte and the copy's
+// S_dec; `bits` (may be null: RNE) supplies the stochastic-rounding bytes. Writes 8 packed bytes.
+TE_HD void nvfp4_encode_block(const float v[16], uint8_t sf, float s_dec, const Philox4* bits, uint8_t out[8]) {
+  const float enc = nvfp4_block_multiplier(sf, s_dec);
+  if (bits == nullptr) {
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t w = nvfp4_pack8(v + 8 * h, enc);
+      for (int j = 0; j < 4; ++j) out[4 * h + j] = uint8_t(w >> (8 * j));
+    }
+    return;
+  }
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t w = bits->v[j >> 1];
+    const int sh = (j & 1) * 16;
+    const uint8_t lo = e2m1_encode_sr(v[2 * j] * enc, (w >> sh) & 0xFFu);
+    const uint8_t hi = e2m1_encode_sr(v[2 * j + 1] * enc, (w >> (sh + 8)) & 0xFFu);
+    out[j] = uint8_t(lo | (hi << 4));
+  }
+}
+
+// ---- Params, layouts, launchers -----------------------------------------------------------------------------------
+struct Nvfp4Params {
+  const void* x = nullptr;
+  uint8_t* row_data = nullptr;     // null: no rowwise copy
+  uint8_t* row_scale = nullptr;
+  uint8_t* col_data = nullptr;     // null: no columnwise copy
+  uint8_t* col_scale = nullptr;
+  const float* amax_in_row = nullptr;  // [1] global amax of the rowwise copy
+  const float* amax_in_col = nullptr;  // [1] global amax of the columnwise copy (post-RHT when rht)
+  float* amax_out_row = nullptr;   // [1] optional
+  float* amax_out_col = nullptr;   // [1] optional
+  const float* noop = nullptr;     // [1] optional: 1.0 means write nothing
+  int64_t rows = 0, cols = 0;
+  bool two_d = false;              // one scale per 16x16 tile (qflags bit1)
+  bool sr = false;                 // stochastic rounding (qflags bit2)
+  bool rht = false;                // Hadamard transform of the columnwise copy (qflags bit3; bf16 input only)
+  uint32_t rht_sign_mask = kRhtSignMask;  // 0 without the random sign mask (qflags bit4)
+  bool swizzled = false;           // scales in the GEMM-swizzled layout (qflags bit5)
+  RngState rng;
+};
+
+// Amax pass: amax_row = amax(x); amax_col = amax(RHT(x^T)) when rht, else amax(x). Both accumulate with max into
+// buffers the caller zeroed.
+struct Nvfp4AmaxParams {
+  const void* x = nullptr;
+  float* amax_row = nullptr;
+  float* amax_col = nullptr;  // null: not wanted
+  int64_t rows = 0, cols = 0;
+  bool rht = false;
+  uint32_t rht_sign_mask = kRhtSignMask;
+};
+
+struct Nvfp4ScaleShapes { int64_t row_r, row_c, col_r, col_c; };
+TE_HD Nvfp4ScaleShapes nvfp4_scale_shapes(int64_t rows, int64_t cols) {
+  return {roundup(rows, 128), roundup(cols / kNvBlock, 4), roundup(cols, 128), roundup(rows / kNvBlock, 4)};
+}
+// Byte offset of rowwise scale (row r, block j) and of columnwise scale (column k, row block i); both compact
+// matrices are swizzled as stored (SPEC §4.8: the NVFP4 columnwise data is already transposed).
+TE_HD int64_t nv_row_scale_offset(int64_t r, int64_t j, int64_t cols, bool swizzled) {
+  const int64_t cpad = roundup(cols / kNvBlock, 4);
+  return swizzled ? swizzled_scale_offset(r, j, cpad) : r * cpad + j;
+}
+TE_HD int64_t nv_col_scale_offset(int64_t k, int64_t i, int64_t rows, bool swizzled) {
+  const int64_t cpad = roundup(rows / kNvBlock, 4);
+  return swizzled ? swizzled_scale_offset(k, i, cpad) : k * cpad + i;
+}
+
+void nvfp4_amax_cpu(DType in_dtype, const Nvfp4AmaxParams& p, const ParallelFor& parallel_for);
+void quantize_nvfp4_cpu(DType in_dtype, const Nvfp4Params& p, const ParallelFor& parallel_for);
+#if defined(TE_WITH_CUDA)
+void nvfp4_amax_cuda(DType in_dtype, const Nvfp4AmaxParams& p, cudaStream_t s);
+void quantize_nvfp4_cuda(DType in_dtype, const Nvfp4Params& p, cudaStream_t s);
+#endif
+
+}  // namespace te

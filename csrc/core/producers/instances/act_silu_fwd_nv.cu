@@ -1,0 +1,5 @@
+// Instantiates the CUDA forward fused NVFP4 kernels (ScaleMode::kNvfp4) of every activation table row of family silu
+// (act_functors.h: today the sigmoid family (silu, swiglu, glu, clamped_swiglu)).
+#include "../launch.cuh"
+
+TE_FOR_EACH_ACTIVATION_OF(silu, TE_INSTANTIATE_NVFP4_CUDA, false)
