@@ -1,7 +1,8 @@
-"""Both packages' modules import each other without a cycle (issue 24): every module is parsed with `ast` (nothing is
-imported), its module-level imports of the package become edges, and the graph must be acyclic. Imports inside
-functions do not count (they run after the package is loaded); they are printed, so a new one is seen. And the two
-frontends stay apart: no module of transformer_engine_jax imports torch, none of transformer_engine_torch jax."""
+"""Both packages' modules import each other without a cycle (issues 24, 33): every module is parsed with `ast`
+(nothing is imported), its imports of the package become edges — those inside functions too (issue 33: a circle
+hidden behind a function-level import is still a circle) — and the graph must be acyclic; a cycle fails the test
+naming its modules and, for an edge made inside a function, the line. And the two frontends stay apart: no module of
+transformer_engine_jax imports torch, none of transformer_engine_torch jax."""
 import ast
 import pathlib
 
@@ -49,7 +50,8 @@ def _targets(module: str, is_package: bool, node, modules: set) -> list:
 
 
 def import_graph(root: pathlib.Path = ROOT, extensions=("_C",)):
-    """({module: set of modules it imports at module level}, [(module, imported, line) of imports in functions])."""
+    """({module: set of modules it imports, anywhere in it}, [(module, imported, line) of those imports made inside
+    functions]): the second names where a cycle's function-level edge is written."""
     files = {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
     modules = set(files) | {f"{_module_name(root / '__init__.py', root)}.{e}" for e in extensions}
     graph, deferred = {m: set() for m in modules}, []
@@ -66,10 +68,9 @@ def import_graph(root: pathlib.Path = ROOT, extensions=("_C",)):
             for target in _targets(module, is_package, node, modules):
                 if target == module:
                     continue
+                graph[module].add(target)
                 if id(node) in in_function:
                     deferred.append((module, target, node.lineno))
-                else:
-                    graph[module].add(target)
     return graph, deferred
 
 
@@ -117,11 +118,19 @@ def test_package_import_graph_is_acyclic(package):
     graph, deferred = import_graph(REPO / package, extensions)
     assert f"{package}.{probe}" in graph and graph[f"{package}.{probe}"], "the parse found no modules or edges"
     cycle = find_cycle(graph)
-    assert cycle is None, "import cycle: " + " -> ".join(cycle)
-    # Imports inside functions are not edges (they run once the package is loaded), but one can hide a cycle: listed
-    # here (pytest -rP shows them).
+    assert cycle is None, describe_cycle(cycle, deferred)
+
+
+def describe_cycle(cycle: list, deferred: list) -> str:
+    """'import cycle: a -> b -> a' with each edge made inside a function marked by where it is written."""
+    inside = {}
     for module, target, line in deferred:
-        print(f"import inside a function: {module}:{line} -> {target}")
+        inside.setdefault((module, target), line)
+    parts = [cycle[0]]
+    for a, b in zip(cycle, cycle[1:]):
+        where = f" (inside a function, {a}:{inside[(a, b)]})" if (a, b) in inside else ""
+        parts.append(f"{b}{where}")
+    return "import cycle: " + " -> ".join(parts)
 
 
 @pytest.mark.parametrize("package", sorted(PACKAGES))
@@ -156,5 +165,25 @@ def test_parser_sees_relative_imports(tmp_path):
     graph, deferred = import_graph(pkg)
     assert graph[f"{PACKAGE}.a"] == {f"{PACKAGE}.sub.b"}
     assert graph[f"{PACKAGE}.sub.b"] == {f"{PACKAGE}.c"}
+    assert graph[f"{PACKAGE}.c"] == {f"{PACKAGE}.a", f"{PACKAGE}.sub"}
     assert deferred == [(f"{PACKAGE}.c", f"{PACKAGE}.sub", 5)]
     assert find_cycle(graph) is not None
+
+
+def test_a_cycle_through_a_function_level_import_fails(tmp_path):
+    """Issue 33: two modules that import each other, one of them only inside a function (the form that hid tej's
+    gemm <-> collective circle), make a cycle, and the failure names both modules and the function-level line."""
+    pkg = tmp_path / PACKAGE
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from .b import g\n")
+    (pkg / "b.py").write_text("def g():\n    from .a import x  # the hidden edge\n    return x\n")
+    graph, deferred = import_graph(pkg)
+    assert graph[f"{PACKAGE}.b"] == {f"{PACKAGE}.a"}
+    cycle = find_cycle(graph)
+    assert cycle == [f"{PACKAGE}.a", f"{PACKAGE}.b", f"{PACKAGE}.a"]
+    assert describe_cycle(cycle, deferred) == (f"import cycle: {PACKAGE}.a -> {PACKAGE}.b -> {PACKAGE}.a (inside a "
+                                               f"function, {PACKAGE}.b:2)")
+    # without the function-level import the same package is acyclic
+    (pkg / "b.py").write_text("def g():\n    return 1\n")
+    assert find_cycle(import_graph(pkg)[0]) is None

@@ -26,16 +26,15 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _ffi
+from . import collective_ffi as F
 from .cpp_extensions import _register, quantize
+from .dtype_codes import CODE, DTYPE
 from .quantizers import Quantizer, ScalingMode
+from .ring import ring_all_gather, ring_reduce_scatter
 from .scaled_tensor import ScaledTensor
 from .sharding import _mesh_axes
 
 _TARGET = "te_gemm"
-# The core's DType codes (SPEC §1.3) of the element types a te_gemm call passes or returns.
-_CODE = {jnp.dtype(jnp.uint8): 0, jnp.dtype(jnp.float32): 4, jnp.dtype(jnp.float16): 5, jnp.dtype(jnp.bfloat16): 6,
-         jnp.dtype(jnp.float8_e4m3fn): 7, jnp.dtype(jnp.float8_e5m2): 8}
-_DTYPE = {code: dtype for dtype, code in _CODE.items()}
 _PLAIN = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 # te::GemmScaling codes of the ScaledTensor modes the GEMM takes.
 _SCALING = {ScalingMode.DELAYED_TENSOR_SCALING: 1, ScalingMode.CURRENT_TENSOR_SCALING: 1,
@@ -46,7 +45,7 @@ _PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SC
 _TF32_PRECISIONS = ("tensorfloat32", "fastest")
 
 
-def _describe(x) -> str:
+def describe(x) -> str:
     if isinstance(x, ScaledTensor):
         return f"ScaledTensor{tuple(x.shape)} {x.scaling_mode.name} {jnp.dtype(_copy_dtype(x))}"
     return f"{jnp.dtype(x.dtype)}{tuple(x.shape)}"
@@ -111,7 +110,7 @@ def _scaled_operand(x: ScaledTensor, contract, name) -> _Operand:
     mode = x.scaling_mode
     if mode not in _SCALING:
         raise NotImplementedError(
-            f"tej.gemm: not yet supported: {name} {_describe(x)}: {mode.name} GEMMs run in the torch frontend "
+            f"tej.gemm: not yet supported: {name} {describe(x)}: {mode.name} GEMMs run in the torch frontend "
             f"(native on sm_100, emulated on sm_90 and the CPU, SPEC §6.7) but not yet through tej; dequantize it "
             f"(x.dequantize()) or use an FP8 per-tensor or FP8 block recipe")
     nd = len(x.shape)
@@ -122,21 +121,21 @@ def _scaled_operand(x: ScaledTensor, contract, name) -> _Operand:
     colwise = not rowwise and contract == tuple(range(nd - 1)) and nd >= 2
     if not (rowwise or colwise):
         raise ValueError(
-            f"tej.gemm: {name} {_describe(x)} contracts over dims {contract}, which neither of its copies holds "
+            f"tej.gemm: {name} {describe(x)} contracts over dims {contract}, which neither of its copies holds "
             f"K-contiguous: the rowwise copy serves a contraction over its last dim"
             f"{' (or a trailing block of dims)' if per_tensor else ''}, the colwise copy one over all its leading "
             f"dims {tuple(range(nd - 1))}. FP8 bytes are not transposed here: quantize the operand in the layout "
             f"the GEMM contracts, or pass it unquantized")
     if rowwise:
         if x.data is None:
-            raise ValueError(f"tej.gemm: {name} {_describe(x)} contracts over its last dim and needs its rowwise "
+            raise ValueError(f"tej.gemm: {name} {describe(x)} contracts over its last dim and needs its rowwise "
                              f"copy; quantize it with q_layout ROWWISE or ROWWISE_COLWISE")
         data, scale_inv = x.data, x.scale_inv
         outer_shape = tuple(x.shape[:nd - n])
         k = math.prod(x.shape[nd - n:])
     else:
         if x.colwise_data is None:
-            raise ValueError(f"tej.gemm: {name} {_describe(x)} contracts over its leading dims and needs its colwise "
+            raise ValueError(f"tej.gemm: {name} {describe(x)} contracts over its leading dims and needs its colwise "
                              f"copy (FP8 runs as TN: the transposed copy, never a transpose of FP8 bytes); quantize "
                              f"it with q_layout COLWISE or ROWWISE_COLWISE")
         data, scale_inv = x.colwise_data, x.colwise_scale_inv
@@ -149,7 +148,7 @@ def _scaled_operand(x: ScaledTensor, contract, name) -> _Operand:
 def _operand(x, contract, quantizer, name) -> _Operand:
     if quantizer is not None:
         if isinstance(x, ScaledTensor):
-            raise ValueError(f"tej.gemm: {name} is already a ScaledTensor ({_describe(x)}); pass "
+            raise ValueError(f"tej.gemm: {name} is already a ScaledTensor ({describe(x)}); pass "
                              f"{name}_quantizer=None")
         if not isinstance(quantizer, Quantizer):
             raise TypeError(f"tej.gemm: {name}_quantizer must be a tej quantizer or None, got "
@@ -167,7 +166,7 @@ def _allow_tf32() -> bool:
     return precision is not None and str(precision).lower() in _TF32_PRECISIONS
 
 
-def _likely_platform() -> str:
+def likely_platform() -> str:
     """The platform a call is most likely lowered for: jax's default device, else its default backend."""
     device = jax.config.jax_default_device
     platform = getattr(device, "platform", None) if device is not None else None
@@ -177,7 +176,7 @@ def _likely_platform() -> str:
 
 
 def _plan(inputs, out_dtype, attrs, cuda: bool):
-    return _ffi.plan_gemm([(list(a.shape), _CODE[jnp.dtype(a.dtype)]) for a in inputs], _CODE[out_dtype], attrs,
+    return _ffi.plan_gemm([(list(a.shape), CODE[jnp.dtype(a.dtype)]) for a in inputs], CODE[out_dtype], attrs,
                           cuda)
 
 
@@ -188,7 +187,7 @@ def _plans(inputs, out_dtype, attrs) -> dict:
     try:
         plans["cpu"] = _plan(inputs, out_dtype, ffi_attrs, False)
     except NotImplementedError:
-        if _likely_platform() == "cpu":
+        if likely_platform() == "cpu":
             raise
         plans["cpu"] = None  # a CUDA-only format: the CPU handler refuses it if the call runs there after all
     return plans
@@ -207,11 +206,11 @@ def _te_gemm(out_dtype, attrs: dict, *inputs):
     plan = plans["cuda"]
 
     def results(ws_bytes):
-        out = jax.ShapeDtypeStruct(tuple(plan["out"][0]), _DTYPE[plan["out"][1]])
+        out = jax.ShapeDtypeStruct(tuple(plan["out"][0]), DTYPE[plan["out"][1]])
         extra = []
         for key in ("pre_gelu_out", "bias_grad"):
             present, shape, code = plan[key]
-            extra.append(jax.ShapeDtypeStruct(tuple(shape), _DTYPE[code]) if present else
+            extra.append(jax.ShapeDtypeStruct(tuple(shape), DTYPE[code]) if present else
                          jax.ShapeDtypeStruct((0,), jnp.uint8))
         return [out, *extra, jax.ShapeDtypeStruct((ws_bytes,), jnp.uint8)]
 
@@ -250,8 +249,8 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
     _register()
     lhs_nd = len(lhs.shape) if hasattr(lhs, "shape") else 0
     rhs_nd = len(rhs.shape) if hasattr(rhs, "shape") else 0
-    where = f"(lhs {_describe(lhs) if hasattr(lhs, 'shape') else type(lhs).__name__}, rhs " \
-            f"{_describe(rhs) if hasattr(rhs, 'shape') else type(rhs).__name__}, contracting_dims={contracting_dims})"
+    where = f"(lhs {describe(lhs) if hasattr(lhs, 'shape') else type(lhs).__name__}, rhs " \
+            f"{describe(rhs) if hasattr(rhs, 'shape') else type(rhs).__name__}, contracting_dims={contracting_dims})"
     if lhs_nd < 2 or rhs_nd < 2:
         raise ValueError(f"tej.gemm: lhs and rhs must be at least 2-D {where}")
     try:
@@ -309,14 +308,14 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
 #   column parallel rhs sharded along N                          local GEMMs, out sharded along N, no collective
 #   all-gather ring lhs M and rhs N sharded on one mesh axis a   lhs's row chunks travel a ring of ppermutes over a,
 #                   (a sequence-parallel activation into a       each multiplied while the next one arrives
-#                   column-parallel weight)                      (collective.ring_all_gather); out sharded along N on
+#                   column-parallel weight)                      (ring.ring_all_gather);  out sharded along N on
 #                                                                a and along M on M's other axes. Every row is one
 #                                                                GEMM over the full K: the unsharded bytes
 #   row parallel    lhs and rhs sharded alike along K            local FP32 GEMMs, one psum over the K axes, bias
 #                                                                added once after it, rounded once to out's dtype
 #   reduce-scatter  row parallel over one axis a, called with    the FP32 partial products of tp chunks of lhs's last
 #   ring            sequence_parallel=True                       M dim summed around a ring of ppermutes over a
-#                                                                (collective.ring_reduce_scatter; chunk c: ranks
+#                                                                (ring.ring_reduce_scatter; chunk c: ranks
 #                                                                c+1, c+2, …, c, the C++ core's order), bias added
 #                                                                once, rounded once; out sharded along that M dim on
 #                                                                its other axes, then a
@@ -489,9 +488,7 @@ def _gemm_rule(attrs: dict):
 
 
 def _ring_body(form: _Form, tp: int, out_dtype, attrs: dict):
-    """The shard-local function of a ring form: collective.py's rings around shard-local te_gemm calls."""
-    from .collective import ring_all_gather, ring_reduce_scatter  # (collective.py imports this module)
-
+    """The shard-local function of a ring form: ring.py's rings around shard-local te_gemm calls."""
     empty = jnp.zeros((0,), jnp.uint8)
 
     def all_gather(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
@@ -520,16 +517,14 @@ def _ring_body(form: _Form, tp: int, out_dtype, attrs: dict):
 
 
 def _ffi_ring_body(mesh, form: _Form, out_dtype, attrs: dict, arg_shapes):
-    """The ring form as one te_collective_gemm call per device (collective_nccl.py: the core's ring over NCCL, its
+    """The ring form as one te_collective_gemm call per device (collective_ffi.py: the core's ring over NCCL, its
     exchanges overlapped with the chunk GEMMs on the GPU), or None where only the ppermute ring applies: devices other
     than GPUs or a build without NCCL, an epilogue (GELU, backward) or transposed lhs, FP8 other than per tensor, or
     gathered/scattered rows that are not the leading dim of lhs's rows (a sequence dim sharded under an
     unsharded batch dim: its chunks are not contiguous rows). rhs may be [N, K] or, plain, [K, N] (tej.dense's
     kernel)."""
-    from . import collective_nccl as N  # (imports this module)
-
     lhs, lhs_s, rhs, rhs_s, bias, _ = arg_shapes
-    if (not N.available(mesh) or attrs["fuse_gelu"] or attrs["grad"] or attrs["lhs_transposed"]
+    if (not F.available(mesh) or attrs["fuse_gelu"] or attrs["grad"] or attrs["lhs_transposed"]
             or attrs["lhs_scaling"] not in (0, 1) or attrs["rhs_scaling"] != attrs["lhs_scaling"]
             or (attrs["lhs_scaling"] and not attrs["rhs_transposed"])):
         return None
@@ -537,8 +532,8 @@ def _ffi_ring_body(mesh, form: _Form, out_dtype, attrs: dict, arg_shapes):
     if any(lhs.shape[i] // math.prod(mesh.shape[a] for a in _axes(lhs, i)) != 1 for i in range(d)):
         return None
     tp = mesh.shape[form.axis]
-    key = N.initialize(mesh, form.axis)
-    kind = N._AG if form.kind == "all_gather" else N._RS
+    key = F.initialize(mesh, form.axis)
+    kind = F.AG if form.kind == "all_gather" else F.RS
 
     def body(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
         lead, k = lhs.shape[:-1], lhs.shape[-1]
@@ -547,11 +542,11 @@ def _ffi_ring_body(mesh, form: _Form, out_dtype, attrs: dict, arg_shapes):
                   for n, s in (("lhs", lhs_scale_inv), ("rhs", rhs_scale_inv))]
         with_bias = attrs["fuse_bias"] and bias.shape[0]
         # with a bias: an FP32 result, the bias added and the sum rounded once (the ppermute ring's bytes)
-        out, _ = N._call(kind, key, tp, x, scales[0], rhs, scales[1], jnp.float32 if with_bias else out_dtype, True,
+        out, _ = F.call(kind, key, tp, x, scales[0], rhs, scales[1], jnp.float32 if with_bias else out_dtype, True,
                          -1, False, w_kn=not attrs["rhs_transposed"])
         if with_bias:
             out = (out + bias.astype(jnp.float32)).astype(out_dtype)
-        rows = lead[:d] + (lead[d] * tp if kind == N._AG else lead[d] // tp,) + lead[d + 1:]
+        rows = lead[:d] + (lead[d] * tp if kind == F.AG else lead[d] // tp,) + lead[d + 1:]
         empty = jnp.zeros((0,), jnp.uint8)
         return out.reshape(*rows, -1), empty, empty
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from . import _ffi
 from .cpp_extensions import _register, quantize
-from .gemm import _CODE, _DTYPE, _describe
+from .dtype_codes import CODE, DTYPE
+from .gemm import describe, likely_platform
 from .quantizers import Quantizer, ScalingMode
 from .scaled_tensor import ScaledTensor
 
@@ -27,7 +28,7 @@ _PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SC
 
 def _fp8_rowwise(x: ScaledTensor, name: str):
     if x.data is None:
-        raise ValueError(f"tej.grouped_gemm: {name} {_describe(x)} needs its rowwise copy (K runs along its last "
+        raise ValueError(f"tej.grouped_gemm: {name} {describe(x)} needs its rowwise copy (K runs along its last "
                          f"dim); quantize it with q_layout ROWWISE or ROWWISE_COLWISE")
     return x.data, x.scale_inv.reshape(-1).astype(jnp.float32)
 
@@ -94,7 +95,7 @@ def _native_block(lhs, rhs, lhs_quantizer, rhs_quantizer):
     lhs_data, lhs_scale = _block_rowwise(lhs, "lhs")
     if rhs_quantizer is not None:
         if isinstance(rhs, ScaledTensor):
-            raise ValueError(f"tej.grouped_gemm: rhs is already a ScaledTensor ({_describe(rhs)}); pass "
+            raise ValueError(f"tej.grouped_gemm: rhs is already a ScaledTensor ({describe(rhs)}); pass "
                              f"rhs_quantizer=None")
         parts = [_block_rowwise(quantize(rhs[e], rhs_quantizer), "rhs") for e in range(g)]
         return lhs_data, lhs_scale, jnp.stack([p[0] for p in parts]), jnp.stack([p[1] for p in parts])
@@ -104,7 +105,7 @@ def _native_block(lhs, rhs, lhs_quantizer, rhs_quantizer):
 
 def _block_rowwise(x: ScaledTensor, name: str):
     if x.data is None:
-        raise ValueError(f"tej.grouped_gemm: {name} {_describe(x)} needs its rowwise copy (K runs along its last "
+        raise ValueError(f"tej.grouped_gemm: {name} {describe(x)} needs its rowwise copy (K runs along its last "
                          f"dim); quantize it with q_layout ROWWISE or ROWWISE_COLWISE")
     return x.data, x.scale_inv.astype(jnp.float32)
 
@@ -115,7 +116,7 @@ def _rhs(rhs, quantizer):
     shares it among the groups."""
     if quantizer is not None:
         if isinstance(rhs, ScaledTensor):
-            raise ValueError(f"tej.grouped_gemm: rhs is already a ScaledTensor ({_describe(rhs)}); pass "
+            raise ValueError(f"tej.grouped_gemm: rhs is already a ScaledTensor ({describe(rhs)}); pass "
                              f"rhs_quantizer=None")
         q = _checked(quantizer, "rhs")
         parts = [_fp8_rowwise(quantize(rhs[g], q), "rhs") for g in range(rhs.shape[0])]
@@ -146,9 +147,7 @@ def _contracting(contracting_dims, rhs_ndim: int) -> str:
 
 
 def _likely_cpu() -> bool:
-    from .gemm import _likely_platform
-
-    return _likely_platform() == "cpu"
+    return likely_platform() == "cpu"
 
 
 def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quantizer=None, rhs_quantizer=None,
@@ -189,24 +188,24 @@ def grouped_gemm(lhs, rhs, group_sizes, contracting_dims=((1,), (2,)), lhs_quant
     out = jnp.dtype(out_dtype) if out_dtype is not None else (jnp.dtype(jnp.bfloat16) if fp8 else nominal)
     inputs = (lhs_data, rhs_data, group_sizes, lhs_scale, rhs_scale)
     for a in inputs:
-        if jnp.dtype(a.dtype) not in _CODE and jnp.dtype(a.dtype) != jnp.dtype(jnp.int32):
+        if jnp.dtype(a.dtype) not in CODE and jnp.dtype(a.dtype) != jnp.dtype(jnp.int32):
             raise TypeError(f"tej.grouped_gemm: operand dtype {a.dtype} is not supported")
-    codes = [(list(a.shape), _CODE.get(jnp.dtype(a.dtype), 2)) for a in inputs]  # 2: kInt32
-    if out not in _CODE:
+    codes = [(list(a.shape), CODE.get(jnp.dtype(a.dtype), 2)) for a in inputs]  # 2: kInt32
+    if out not in CODE:
         raise TypeError(f"tej.grouped_gemm: out_dtype must be bfloat16, float16 or float32, got {out}")
     # The platform the call most likely runs on is planned strictly (its errors raise now); the other leniently: a
     # rule only it breaks (CUDA's alignment) raises from its handler if the call does run there.
     split = bool(use_split_accumulator)
     primary, other = ("cpu", "cuda") if _likely_cpu() else ("cuda", "cpu")
-    plans = {primary: _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], primary == "cuda", split, wgrad)}
+    plans = {primary: _ffi.plan_grouped_gemm(codes, rhs_kn, CODE[out], primary == "cuda", split, wgrad)}
     try:
-        plans[other] = _ffi.plan_grouped_gemm(codes, rhs_kn, _CODE[out], other == "cuda", split, wgrad)
+        plans[other] = _ffi.plan_grouped_gemm(codes, rhs_kn, CODE[out], other == "cuda", split, wgrad)
     except (ValueError, NotImplementedError):
         plans[other] = None
 
     def call(platform):
         p = plans[platform] if plans[platform] is not None else plans[primary]
-        results = [jax.ShapeDtypeStruct(tuple(p["out"][0]), _DTYPE[p["out"][1]]),
+        results = [jax.ShapeDtypeStruct(tuple(p["out"][0]), DTYPE[p["out"][1]]),
                    jax.ShapeDtypeStruct((p["workspace_bytes"],), jnp.uint8)]
         return lambda *args: jax.ffi.ffi_call(_TARGET, results)(*args, rhs_kn=np.bool_(rhs_kn),
                                                                  use_split_accumulator=np.bool_(split),
@@ -222,7 +221,7 @@ def grouped_gemm_kernel(lhs_dtype, rhs_dtype, shape=(256, 128, 128), groups=4, r
     m, n, k = shape
     fp8 = jnp.dtype(lhs_dtype).itemsize == 1
     rhs_shape = [groups, k, n] if rhs_kn else [groups, n, k]
-    codes = [([m, k], _CODE[jnp.dtype(lhs_dtype)]), (rhs_shape, _CODE[jnp.dtype(rhs_dtype)]), ([groups], 2),
+    codes = [([m, k], CODE[jnp.dtype(lhs_dtype)]), (rhs_shape, CODE[jnp.dtype(rhs_dtype)]), ([groups], 2),
              ([1] if fp8 else [0], 4), ([groups] if fp8 else [0], 4)]
-    out = _CODE[jnp.dtype(jnp.bfloat16)] if fp8 else _CODE[jnp.dtype(lhs_dtype)]
+    out = CODE[jnp.dtype(jnp.bfloat16)] if fp8 else CODE[jnp.dtype(lhs_dtype)]
     return _ffi.plan_grouped_gemm(codes, rhs_kn, out, True, use_split_accumulator)["kernel"]

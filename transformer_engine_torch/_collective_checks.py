@@ -265,7 +265,7 @@ def check(kind, x, w, group, *, quantizer=None, out_dtype=None, return_gathered=
         # this process's reduce-scatter transport on CUDA (_collective_window.py): 0 the process group's send/receive,
         # 1 the copy engine's windows; recorded for every op, so that ranks that chose differently are told at their
         # first collective GEMM
-        rec["transport"] = int(x.device.type == "cuda" and transport(op, group) == "copy_engine")
+        rec["transport"] = int(x.device.type == "cuda" and transport(group) == "copy_engine")
         if layout != "TN":
             raise ValueError(f"{op}: layout {layout!r} is not supported; the collective GEMM takes \"TN\" (w [N, K], "
                              f"D = X·Wᵀ): pass the weight's [N, K] copy")

@@ -3,11 +3,13 @@ CopyEngineWindow): one symmetric-memory buffer per (group, device), every rank's
 torch.distributed's symmetric memory, so that each rank's partial sums are copied by the copy engine straight into
 their owner's window — no NCCL send/receive kernels competing with the chunk GEMMs for SMs.
 
-Which transport: NVTE_COLLECTIVE_GEMM_TRANSPORT = "copy_engine" or "nccl" (the process group's send/receive); unset,
-the copy engine when every rank of the group is on this node (symmetric memory maps the peers of one node), NCCL
-otherwise. Every rank must make the same choice; it travels in the agreement record. A window grows, collectively,
-when a call needs more than it holds; growing inside a CUDA graph capture raises — run the op once before capturing
-it.
+Which transport: the core decides (csrc/core/ops/collective_gemm_op.h, te::ops::collective_transport, asked through
+torch.ops.te.collective_transport): NVTE_COLLECTIVE_GEMM_TRANSPORT = "copy_engine" or "nccl" (the process group's
+send/receive); unset, the copy engine when every rank of the group is on this node (symmetric memory maps the peers of
+one node; node_local below is what torch tells the core), NCCL otherwise. Every rank must make the same choice; it
+travels in the agreement record. The window's size is the core's formula too (torch.ops.te.collective_window_bytes).
+A window grows, collectively, when a call needs more than it holds; growing inside a CUDA graph capture raises — run
+the op once before capturing it.
 """
 from __future__ import annotations
 
@@ -18,18 +20,14 @@ import torch
 _FLAG_BYTES, _FREE_OFFSET = 4096, 2048  # CopyEngineWindow::kFlagBytes / kFreeOffset
 _GRAIN = 2 << 20
 _WINDOWS: dict = {}
-_CHOICES = ("copy_engine", "nccl")
+_RS = 2  # te::ops::CollectiveKind::kReduceScatter
 
 
-def transport(op: str, group=None) -> str:
-    """The reduce-scatter's transport on CUDA for `group` (None: the world): the environment's choice, else the copy
-    engine when the group is node-local."""
-    choice = os.environ.get("NVTE_COLLECTIVE_GEMM_TRANSPORT", "").strip().lower()
-    if not choice:
-        return "copy_engine" if node_local(group) else "nccl"
-    if choice not in _CHOICES:
-        raise ValueError(f"{op}: NVTE_COLLECTIVE_GEMM_TRANSPORT={choice!r} is not one of {', '.join(_CHOICES)}")
-    return choice
+def transport(group=None) -> str:
+    """The reduce-scatter's transport on CUDA for `group` (None: the world), "copy_engine" or "nccl": the core's
+    decision (the environment's choice, else the copy engine when the group is node-local; a bad value raises the
+    core's ValueError)."""
+    return torch.ops.te.collective_transport(node_local(group))
 
 
 def node_local(group=None) -> bool:
@@ -45,9 +43,9 @@ def node_local(group=None) -> bool:
 
 
 def window_bytes(rows: int, n: int, tp: int) -> int:
-    """What a reduce-scatter of x [rows, K] into y [rows/tp, n] receives, flags page included: tp − 1 FP32 partials
-    [rows/tp, n] (the core's collective_window_bytes, which checks it)."""
-    return _FLAG_BYTES + (tp - 1) * (rows // tp) * n * 4
+    """What a reduce-scatter of x [rows, K] into y [rows/tp, n] receives, flags page included: the core's
+    collective_window_bytes (the formula's one home; its plan checks the window it is given against it)."""
+    return torch.ops.te.collective_window_bytes(_RS, rows, n, tp)
 
 
 def window(op: str, group, nbytes: int, device: torch.device) -> list:

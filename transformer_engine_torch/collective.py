@@ -107,7 +107,7 @@ def _window(op, xd, wd, group):
     import torch.distributed as dist
 
     group = dist.group.WORLD if group is None else group
-    if xd.device.type != "cuda" or _cw.transport(op, group) != "copy_engine":
+    if xd.device.type != "cuda" or _cw.transport(group) != "copy_engine":
         return []
     tp = group.size()
     return _cw.window(op, group, _cw.window_bytes(xd.shape[0], wd.shape[0], tp), xd.device)

@@ -22,9 +22,10 @@ from typing import Callable, Optional
 
 import torch
 
+from ._layer_gemms import (DelayedMixin, activation_dtype, check_alignment, keep_columnwise, layer_configs,
+                           slot_views)
 from .formats.fp8 import Float8Tensor
 from .gemm import grouped_gemm, grouped_gemm_wgrad
-from .modules import _activation_dtype, _check_alignment, _DelayedMixin, _keep_columnwise, _layer_configs, _slot
 from .recipe import (DelayedScaling, build_quantizer, get_amax_reduction_group, get_fp8_recipe, is_calibrating,
                      is_fp8_enabled, update_delayed_scaling)
 
@@ -95,12 +96,12 @@ class _GroupedLinearFn(torch.autograd.Function):
         else:
             per_tensor = cfgs[0][0] in _PER_TENSOR
             # Per-tensor FP8's wgrad reads the rowwise values (both copies are one value): no columnwise x, dy.
-            qx = build_quantizer(cfgs[0], True, need_dw and not per_tensor, *_slot(fs, fh, 0))
+            qx = build_quantizer(cfgs[0], True, need_dw and not per_tensor, *slot_views(fs, fh, 0))
             x_q = qx(x2)
-            w_q = [build_quantizer(cfgs[1], True, need_dx, *_slot(fs, fh, 1 + g))(weights[g]) for g in range(n)]
+            w_q = [build_quantizer(cfgs[1], True, need_dx, *slot_views(fs, fh, 1 + g))(weights[g]) for g in range(n)]
             y = grouped_gemm(x_q, w_q, sizes, out_dtype=act_dtype, use_split_accumulator=False)  # fprop: as Linear
-            ctx.x_q = (x_q if per_tensor else _keep_columnwise(x_q)) if need_dw else None
-            ctx.w_q = [_keep_columnwise(q) for q in w_q] if need_dx else None
+            ctx.x_q = (x_q if per_tensor else keep_columnwise(x_q)) if need_dw else None
+            ctx.w_q = [keep_columnwise(q) for q in w_q] if need_dx else None
             saved = (None, None)
         if biases:
             # Added to the GEMM's rounded output (the grouped kernel has no bias epilogue, and an FP32 output would
@@ -133,7 +134,7 @@ class _GroupedLinearFn(torch.autograd.Function):
                 dw = grouped_gemm_wgrad(dy2, x2, sizes, out_dtype=act_dtype)
         elif need_dx or need_dw:
             per_tensor = cfg_g[0] in _PER_TENSOR
-            qg = build_quantizer(cfg_g, need_dx or per_tensor, need_dw and not per_tensor, *_slot(bs, bh, 0))
+            qg = build_quantizer(cfg_g, need_dx or per_tensor, need_dw and not per_tensor, *slot_views(bs, bh, 0))
             dy_q = qg(dy2)
             if need_dx and per_tensor:
                 # FP8 tensor cores multiply only "NK" operands: W_gᵀ [in, out] is W_g's columnwise copy, as stored.
@@ -157,7 +158,7 @@ class _GroupedLinearFn(torch.autograd.Function):
         return (dx, None, None, None, None, None, None, None, None, None, *dws, *dbs)
 
 
-class GroupedLinear(_DelayedMixin, torch.nn.Module):
+class GroupedLinear(DelayedMixin, torch.nn.Module):
     """`num_gemms` linear layers applied to consecutive row groups of one input (TE's `GroupedLinear`):
     `forward(inp, m_splits)` with inp [M_total, in_features] (or [..., in_features], flattened) and `m_splits` the
     row count of each group, in order — an int32/int64 tensor of `num_gemms` entries (on the device: read by the
@@ -261,7 +262,7 @@ class GroupedLinear(_DelayedMixin, torch.nn.Module):
         sizes = self._sizes(m_splits, rows, inp.device)
         weights, biases = self._weights(), self._biases()
         recipe, cfgs, state = None, None, (None, None, None, None)
-        act_dtype = _activation_dtype(inp)
+        act_dtype = activation_dtype(inp)
         if is_fp8_enabled():
             recipe = get_fp8_recipe()
             if is_calibrating():
@@ -274,10 +275,10 @@ class GroupedLinear(_DelayedMixin, torch.nn.Module):
             training = torch.is_grad_enabled() and any(w.requires_grad for w in weights)
             if training and not recipe.float8_per_tensor_scaling():  # columnwise copies of x and dy along the rows
                 dims["tokens (flattened leading dims of the input)"] = rows
-            _check_alignment(f"GroupedLinear({self.num_gemms}, {self.in_features}, {self.out_features})", recipe,
+            check_alignment(f"GroupedLinear({self.num_gemms}, {self.in_features}, {self.out_features})", recipe,
                              dims)
             state = self._delayed_state(recipe, inp.device)
-            cfgs = _layer_configs(recipe, act_dtype)
+            cfgs = layer_configs(recipe, act_dtype)
         y = _GroupedLinearFn.apply(inp, sizes, act_dtype, cfgs, recipe, *state, self.num_gemms, *weights, *biases)
         if state[0] is not None:
             update_delayed_scaling(state[1], state[0], recipe, cfgs[0][1], get_amax_reduction_group())

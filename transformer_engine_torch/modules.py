@@ -19,9 +19,11 @@ training, which is the wgrad contraction dim) must be a multiple of the recipe's
 FP8 block, 32 MXFP8/NVFP4); otherwise the layer raises ValueError telling you to pad or to run the layer outside
 autocast. There is no silent bf16 fallback (a fallback would hide a slow layer).
 
-Tensor-parallel modes (`tp_group`, Linear's docstring) run under every recipe too: `_TPLinearFn` below, the same
-GEMM layouts on this rank's shards, with the collective GEMM rings (per-tensor FP8, sequence parallel) or
-torch.distributed's all-gather / reduce-scatter / all-reduce around them.
+Tensor-parallel modes (`tp_group`, Linear's docstring) run under every recipe too: `_TPLinearFn` in
+_tensor_parallel.py, the same GEMM layouts on this rank's shards, with the collective GEMM rings (per-tensor FP8,
+sequence parallel) or torch.distributed's all-gather / reduce-scatter / all-reduce around them.
+
+The helpers the layers share (the GEMM calls, quantizer configs, alignment, DelayedMixin) are in _layer_gemms.py.
 
 Delayed scaling keeps per-layer scales and amax histories in non-persistent buffers (moved by `.to()`, not in
 `state_dict`, which stays identical to the torch modules'); they are updated once per step per layer: forward
@@ -30,8 +32,6 @@ slots right after the layer's forward, backward slots right after its backward.
 from __future__ import annotations
 
 import math
-import typing
-import warnings
 from typing import Optional
 
 import torch
@@ -39,160 +39,18 @@ import torch.nn.functional as F
 
 from . import activations as _act
 from ._activation_table import ACTIVATIONS as _ACTIVATION_TABLE
+from ._layer_gemms import (DelayedMixin, activation_dtype, check_alignment, dgrad_gemm, keep_columnwise, layer_configs,
+                           layer_gemm, slot_views, wgrad_gemm)
+from ._tensor_parallel import tp_alignment, tp_linear, tp_linear_quantized
 from .cast import bgrad_quantize
 from .enums import FP8BwdTensors, FP8FwdTensors
-from .formats.fp8 import Float8Tensor
-from .gemm import generic_gemm
-from .recipe import (DelayedScaling, DelayedScalingState, build_quantizer, get_amax_reduction_group, get_fp8_recipe,
-                     is_calibrating, is_fp8_enabled, update_delayed_scaling)
+from .recipe import (DelayedScaling, build_quantizer, get_amax_reduction_group, get_fp8_recipe, is_calibrating,
+                     is_fp8_enabled, update_delayed_scaling)
 
 __all__ = ["Linear", "MLP", "ACTIVATIONS", "init_fp8_state"]
 
 # name -> (forward, backward, fused dbias+backward or None, gated), from the activation table.
 ACTIVATIONS = {a.name: (a.name, a.backward, a.dbias_backward, a.gated) for a in _ACTIVATION_TABLE}
-
-
-def _activation_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype the GEMMs compute in: torch.autocast's when it is on for x's device, else x's."""
-    dev = x.device.type
-    if torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
-    return x.dtype
-
-
-def _check_alignment(layer: str, recipe, dims: dict) -> None:
-    a = recipe.alignment
-    for name, v in dims.items():
-        if v % a:
-            raise ValueError(
-                f"{layer}: under {type(recipe).__name__} every GEMM dim must be a multiple of {a} (SPEC §6.5), got "
-                f"{name}={v}. Pad {name} to {(v + a - 1) // a * a}, or keep this layer in bf16 by running it outside "
-                f"tex.autocast (or inside tex.autocast(enabled=False))")
-
-
-_RHT_OFF_WARNED = set()
-
-
-@torch.compiler.assume_constant_result
-def _warn_rht_off(act_dtype: torch.dtype) -> bool:
-    """Warns once per dtype that NVFP4 runs without RHT. Dynamo runs it as plain Python while tracing (a
-    warnings.warn inside the traced code would be a graph break)."""
-    if act_dtype not in _RHT_OFF_WARNED:
-        _RHT_OFF_WARNED.add(act_dtype)
-        warnings.warn(f"NVFP4BlockScaling: the random Hadamard transform takes bfloat16 activations only; this layer "
-                      f"computes in {act_dtype}, so it runs without RHT (run it under torch.autocast(dtype="
-                      f"torch.bfloat16) or with bf16 parameters to keep it)", stacklevel=3)
-    return True
-
-
-def _layer_configs(recipe, act_dtype) -> tuple:
-    """(input, weight, grad_output) quantizer configs of a layer computing in `act_dtype`. NVFP4's Hadamard transform
-    takes bf16 only, so for other activation dtypes the layer turns it off on the input and gradient copies (SPEC §8),
-    warning once per dtype; everything else of the recipe stays."""
-    cfgs = tuple(recipe.quantizer_config(role) for role in ("input", "weight", "grad_output"))
-    if act_dtype == torch.bfloat16 or not any(c[0] == "nvfp4" and c[1] for c in cfgs):
-        return cfgs
-    _warn_rht_off(act_dtype)
-    return tuple(("nvfp4", False) + c[2:] if c[0] == "nvfp4" else c for c in cfgs)
-
-
-def _gemm(A, transA, B, transB, out_dtype, bias=None, split=False):
-    return generic_gemm(A, transA, B, transB, None, None, out_dtype, bias,
-                        bias.dtype if bias is not None else None, False, None, False, None, 0, False, split)[0]
-
-
-def _wgrad(x_q, dy_q, dtype):
-    """dW = dYᵀ·X (NT), split accumulation."""
-    return _gemm(x_q, False, dy_q, True, dtype, split=True)
-
-
-def _dgrad(w_q, dy_q, dtype):
-    """dX = dY·W (NN), split accumulation."""
-    return _gemm(w_q, False, dy_q, False, dtype, split=True)
-
-
-def _keep_columnwise(q):
-    """Drops the rowwise copy: backward reads only the columnwise one (dgrad W, wgrad X)."""
-    if q is not None:
-        q.update_usage(rowwise_usage=False)
-    return q
-
-
-def _slot(scale, history, i):
-    """(scale, amax) one-element views of slot i (amax = the slot's entry in history row 0), or (None, None)."""
-    if scale is None:
-        return None, None
-    return scale[i:i + 1], history[0, i:i + 1]
-
-
-_FP8_BUFFERS = ("fp8_fwd_scale", "fp8_fwd_amax_history", "fp8_bwd_scale", "fp8_bwd_amax_history")
-
-
-class _DelayedMixin:
-    """Per-layer delayed-scaling state as non-persistent float32 buffers.
-
-    They are allocated when the layer is built, for the default `DelayedScaling()` (history of 1024 steps), and
-    again by `init_fp8_state(recipe)` or, eagerly, at the first forward under a recipe of another history length.
-    They must exist before torch.compile traces the layer: the backward updates the backward slots in place, and
-    AOTAutograd can apply a backward mutation to a graph input but not to a tensor the traced forward created (its
-    partitioner fails with "Node ... was invalid, but is output"). `.to(dtype)` / `.half()` leave them float32."""
-
-    _N_FWD = 3
-    _N_BWD = 2
-
-    def _init_fp8_buffers(self, device=None):
-        st = DelayedScalingState(DelayedScaling(), self._N_FWD, self._N_BWD, device)
-        for name, t in zip(_FP8_BUFFERS, (st.fwd_scale, st.fwd_history, st.bwd_scale, st.bwd_history)):
-            self.register_buffer(name, t, persistent=False)
-
-    def init_fp8_state(self, recipe: DelayedScaling, device=None) -> None:
-        """(Re)allocates the delayed-scaling state for `recipe` (fresh: scales 1, histories 0) on `device` (default:
-        where the parameters are). Call it before torch.compile traces the layer under a DelayedScaling whose
-        amax_history_len is not the default 1024."""
-        if not isinstance(recipe, DelayedScaling):
-            raise TypeError(f"{type(self).__name__}.init_fp8_state: recipe must be a DelayedScaling, got "
-                            f"{type(recipe).__name__}")
-        device = device if device is not None else next(self.parameters()).device
-        st = DelayedScalingState(recipe, self._N_FWD, self._N_BWD, device)
-        self.fp8_fwd_scale, self.fp8_fwd_amax_history = st.fwd_scale, st.fwd_history
-        self.fp8_bwd_scale, self.fp8_bwd_amax_history = st.bwd_scale, st.bwd_history
-
-    def _apply(self, fn, recurse=True):
-        """Module.to / .cuda / .half move the delayed-scaling buffers but keep them float32 (a bf16 amax history or
-        scale would round every update)."""
-        saved = {name: self._buffers.pop(name) for name in _FP8_BUFFERS if self._buffers.get(name) is not None}
-        out = super()._apply(fn, recurse)
-        for name, t in saved.items():
-            moved = fn(t)
-            self._buffers[name] = moved if moved.dtype == torch.float32 else t.to(device=moved.device)
-        return out
-
-    def _delayed_state(self, recipe, device):
-        """(fwd_scale, fwd_history, bwd_scale, bwd_history) for a delayed recipe, else four Nones."""
-        if not isinstance(recipe, DelayedScaling):
-            return None, None, None, None
-        h = self.fp8_fwd_amax_history
-        if h.shape[0] != recipe.amax_history_len or h.device != device:
-            if torch.compiler.is_compiling():
-                raise RuntimeError(
-                    f"{type(self).__name__}: under torch.compile the delayed-scaling state must exist before tracing, "
-                    f"but it holds a history of {h.shape[0]} steps on {h.device} and the recipe asks for "
-                    f"{recipe.amax_history_len} steps on {device}. Call layer.init_fp8_state(recipe) (or "
-                    f"tex.init_fp8_state(model, recipe)) before compiling, or run one eager step first")
-            self.init_fp8_state(recipe, device)
-        return self.fp8_fwd_scale, self.fp8_fwd_amax_history, self.fp8_bwd_scale, self.fp8_bwd_amax_history
-
-    def _calibrate(self, recipe, tensors_by_slot, tp_group=None):
-        """calibrating=True: record each forward operand's amax into its history entry (max), then update (a
-        tensor-parallel layer's amaxes are those of its shards, MAX-reduced over `tp_group`)."""
-        fs, fh, _, _ = self._delayed_state(recipe, tensors_by_slot[0][1].device)
-        with torch.no_grad():
-            for slot, t in tensors_by_slot:
-                amax = torch.zeros(1, dtype=torch.float32, device=t.device)
-                torch.ops.te.compute_amax.default(t.detach(), amax)
-                fh[0, slot:slot + 1].copy_(torch.maximum(fh[0, slot:slot + 1], amax))
-        update_delayed_scaling(fh, fs, recipe, recipe.fp8_format.value.fwd_dtype, get_amax_reduction_group(),
-                               tp_group=tp_group)
 
 
 # ---- Linear ----------------------------------------------------------------------------------------------------
@@ -204,14 +62,14 @@ class _LinearFn(torch.autograd.Function):
         if x2.dtype != act_dtype:
             x2 = x2.to(act_dtype)
         need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        qx = build_quantizer(cfgs[0], True, need_wgrad, *_slot(fs, fh, FP8FwdTensors.GEMM1_INPUT))
-        qw = build_quantizer(cfgs[1], True, need_dgrad, *_slot(fs, fh, FP8FwdTensors.GEMM1_WEIGHT))
+        qx = build_quantizer(cfgs[0], True, need_wgrad, *slot_views(fs, fh, FP8FwdTensors.GEMM1_INPUT))
+        qw = build_quantizer(cfgs[1], True, need_dgrad, *slot_views(fs, fh, FP8FwdTensors.GEMM1_WEIGHT))
         x_q = qx(x2.contiguous())
         w_q = qw(weight)
         b = None if bias is None else bias.to(act_dtype)
-        y = _gemm(w_q, True, x_q, False, act_dtype, bias=b)
-        ctx.x_q = _keep_columnwise(x_q) if need_wgrad else None
-        ctx.w_q = _keep_columnwise(w_q) if need_dgrad else None
+        y = layer_gemm(w_q, True, x_q, False, act_dtype, bias=b)
+        ctx.x_q = keep_columnwise(x_q) if need_wgrad else None
+        ctx.w_q = keep_columnwise(w_q) if need_dgrad else None
         ctx.meta = (x.shape, x.dtype, weight.dtype, None if bias is None else bias.dtype, act_dtype, cfgs[2], recipe)
         ctx.save_for_backward(bs, bh)
         return y.reshape(*x.shape[:-1], weight.shape[0])
@@ -225,7 +83,7 @@ class _LinearFn(torch.autograd.Function):
         if dy2.dtype != act_dtype:
             dy2 = dy2.to(act_dtype)
         dy2 = dy2.contiguous()
-        qg = build_quantizer(cfg_g, need_dgrad, need_wgrad, *_slot(bs, bh, FP8BwdTensors.GRAD_OUTPUT1))
+        qg = build_quantizer(cfg_g, need_dgrad, need_wgrad, *slot_views(bs, bh, FP8BwdTensors.GRAD_OUTPUT1))
         db = None
         if need_bgrad:
             db, dy_q = bgrad_quantize(dy2, qg)
@@ -234,288 +92,16 @@ class _LinearFn(torch.autograd.Function):
             dy_q = qg(dy2) if (need_dgrad or need_wgrad) else None
         dx = dw = None
         if need_dgrad:
-            dx = _dgrad(ctx.w_q, dy_q, act_dtype).reshape(x_shape).to(x_dtype)
+            dx = dgrad_gemm(ctx.w_q, dy_q, act_dtype).reshape(x_shape).to(x_dtype)
         if need_wgrad:
-            dw = _wgrad(ctx.x_q, dy_q, w_dtype)
+            dw = wgrad_gemm(ctx.x_q, dy_q, w_dtype)
         if bs is not None:
             update_delayed_scaling(bh, bs, recipe, cfg_g[1], get_amax_reduction_group())
         ctx.x_q = ctx.w_q = None
         return dx, dw, db, None, None, None, None, None, None, None
 
 
-# ---- tensor parallel -------------------------------------------------------------------------------------------
-# Column-parallel: this rank's rows of W, y = x·Wᵀ for its output columns. Row-parallel: this rank's columns of W
-# (the matching input columns), y = Σ_ranks x_r·W_rᵀ. Sequence parallel: the activations between the two are split
-# along the tokens (first dim), so the column layer all-gathers its input and the row layer reduce-scatters its
-# output; without it the column layer's input gradient and the row layer's output are all-reduced.
-def _all_gather_rows(t: torch.Tensor, group) -> torch.Tensor:
-    """[tp·rows, cols]: every rank's `t` [rows, cols] in rank order (the non-overlapped all-gather)."""
-    import torch.distributed as dist
-
-    t = t.contiguous()
-    out = t.new_empty((group.size() * t.shape[0],) + tuple(t.shape[1:]))
-    dist.all_gather_into_tensor(out, t, group=group)
-    return out
-
-
-def _reduce_scatter_rows(t: torch.Tensor, group) -> torch.Tensor:
-    """This rank's rows of Σ_ranks t [tp·rows, cols] (FP32 partials: the sum is rounded once, by the caller)."""
-    import torch.distributed as dist
-
-    t = t.contiguous()
-    out = t.new_empty((t.shape[0] // group.size(),) + tuple(t.shape[1:]))
-    dist.reduce_scatter_tensor(out, t, group=group)
-    return out
-
-
-def _all_reduce(t: torch.Tensor, group) -> torch.Tensor:
-    """Σ_ranks t, in place (in t's own storage when it is contiguous)."""
-    import torch.distributed as dist
-
-    t = t.contiguous()
-    dist.all_reduce(t, group=group)
-    return t
-
-
-class _TPAllReduceBackward(torch.autograd.Function):
-    """Identity forward, all-reduce of the gradient over the TP group backward (a column-parallel layer's replicated
-    input: each rank's dx holds its output columns' share)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, dx):
-        return _all_reduce(dx, ctx.group), None
-
-
-class _TPAllReduce(torch.autograd.Function):
-    """All-reduce of the row-parallel partial outputs forward, identity backward."""
-
-    @staticmethod
-    def forward(ctx, y, group):
-        return _all_reduce(y.clone(), group)
-
-    @staticmethod
-    def backward(ctx, dy):
-        return dy, None
-
-
-class _TPSpec(typing.NamedTuple):
-    """What a quantized tensor-parallel linear needs besides its tensors (plain values, fixed per call)."""
-
-    mode: str                  # "column" or "row"
-    group: object              # the TP process group
-    sequence_parallel: bool
-    comm_overlap: bool
-    act_dtype: torch.dtype     # the dtype the GEMMs compute in
-    cfgs: tuple                # (input, weight, grad_output) quantizer configs
-    recipe: object
-    slots: tuple               # (input slot, weight slot) of FP8FwdTensors, grad-output slot of FP8BwdTensors
-    bias_dtype: Optional[torch.dtype]
-
-
-def _tp_quantizer(cfg, rowwise, columnwise, scale, history, slot, group):
-    """A quantizer for an operand whose shards are gathered as FP8 codes: current scaling reduces the amax over the
-    TP group, so every rank quantizes with the same scale (delayed scaling gets the same from its TP-reduced amax
-    history, update_delayed_scaling(tp_group=...))."""
-    return build_quantizer(cfg, rowwise, columnwise, *_slot(scale, history, slot),
-                           amax_reduction_group=group if cfg[0] == "current" else None)
-
-
-def _transposed_fp8(q):
-    """Wᵀ as a Float8Tensor [K, N] whose rowwise codes are W's columnwise copy (same scale): the collective ops take
-    their w operand rowwise, and the backward rings multiply by W, not Wᵀ."""
-    return Float8Tensor(data=q._transpose.reshape(q.shape[-1], -1), fp8_scale_inv=q._scale_inv,
-                        fp8_dtype=q._fp8_dtype, dtype=q.dtype)
-
-
-def _gathered_fp8(gathered, like, dtype):
-    """The codes [tp·m, K] the all-gather ring kept, as one Float8Tensor holding only its columnwise copy (for the
-    weight gradient). The ring keeps one scale_inv per rank's chunk; in a tensor-parallel layer they are equal by
-    construction (_tp_quantizer), so chunk 0's is the tensor's."""
-    codes, scales = gathered
-    t = Float8Tensor(data=codes, fp8_scale_inv=scales[:1], fp8_dtype=like._fp8_dtype, dtype=dtype)
-    t.update_usage(columnwise_usage=True, rowwise_usage=False)
-    return t
-
-
-def _grad_quantize(dy, quantizer, need_bgrad, bias_dtype):
-    """(bias gradient or None, quantized dy or None); the bias gradient fused into the cast when both are wanted."""
-    if quantizer is None:
-        return (dy.float().sum(0).to(bias_dtype) if need_bgrad else None), None
-    if need_bgrad:
-        db, dy_q = bgrad_quantize(dy, quantizer)
-        return db.to(bias_dtype), dy_q
-    return None, quantizer(dy)
-
-
-class _TPLinearFn(torch.autograd.Function):
-    """One quantized tensor-parallel linear: x2 [tokens, K_local] (this rank's tokens for a sequence-parallel column
-    layer) in the compute dtype → y [tokens', N_local]. The three GEMMs are quantized as _LinearFn's (fprop TN,
-    dgrad NN, wgrad NT; gradients in the recipe's backward format, E5M2 under HYBRID).
-
-    Per-tensor FP8 with sequence parallelism (the "ring" path) runs on the collective GEMM core, exchanges overlapped
-    with the chunk GEMMs (comm_overlap=False: the same exchanges first, the same bytes): column forward
-    all_gather_gemm of the FP8 x shards, backward dgrad = gemm_reduce_scatter(dy, Wᵀ), wgrad from the FP8 codes the
-    forward gathered; row forward gemm_reduce_scatter, backward all_gather_gemm of the FP8 dy shards then wgrad
-    from the gathered dy. Every other case runs the layer's own quantized GEMMs on this rank's operands: block-scaled
-    formats (MXFP8, FP8 block, NVFP4) are not overlapped yet — the core's collective op carries per-tensor scales
-    only — so with sequence parallelism the high-precision x (column forward) or dy (row backward) is all-gathered
-    with torch.distributed first; the FP32 partial products (row forward, column dgrad) are reduce-scattered
-    (sequence parallel) or all-reduced, then rounded once."""
-
-    @staticmethod
-    def forward(ctx, x2, weight, bias, spec, fs, fh, bs, bh):
-        from .collective import all_gather_gemm, gemm_reduce_scatter
-
-        need_dgrad, need_wgrad = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        column, group, act = spec.mode == "column", spec.group, spec.act_dtype
-        ring = spec.sequence_parallel and spec.cfgs[0][0] in ("delayed", "current")
-        cfg_in, cfg_w, _ = spec.cfgs
-        in_slot, w_slot, _ = spec.slots
-        w_q = build_quantizer(cfg_w, True, need_dgrad, *_slot(fs, fh, w_slot))(weight)
-        b = None if bias is None else bias.to(act)
-        if column and ring:
-            # FP8 shards travel with their scale_inv; the fp32 output takes the bias before its one rounding.
-            x_q = _tp_quantizer(cfg_in, True, False, fs, fh, in_slot, group)(x2)
-            r = all_gather_gemm(x_q, w_q, group, out_dtype=act if b is None else torch.float32,
-                                return_gathered=need_wgrad, comm_overlap=spec.comm_overlap, use_split_accumulator=False)
-            y, gathered = r if need_wgrad else (r, None)
-            y = y if b is None else (y + b.float()).to(act)
-            ctx.x_q = _gathered_fp8(gathered, x_q, act) if need_wgrad else None
-        else:
-            if column and spec.sequence_parallel:
-                x2 = _all_gather_rows(x2, group)
-            x_q = build_quantizer(cfg_in, True, need_wgrad, *_slot(fs, fh, in_slot))(x2)
-            if column:
-                y = _gemm(w_q, True, x_q, False, act, bias=b)
-            else:
-                if ring:
-                    y = gemm_reduce_scatter(x_q, w_q, group, out_dtype=torch.float32, comm_overlap=spec.comm_overlap,
-                                            use_split_accumulator=False)
-                else:
-                    y = _gemm(w_q, True, x_q, False, torch.float32)
-                    y = _reduce_scatter_rows(y, group) if spec.sequence_parallel else _all_reduce(y, group)
-                y = (y if b is None else y + b.float()).to(act)
-            ctx.x_q = _keep_columnwise(x_q) if need_wgrad else None
-        ctx.w_q = _keep_columnwise(w_q) if need_dgrad else None
-        ctx.spec, ctx.ring, ctx.w_dtype = spec, ring, weight.dtype
-        ctx.save_for_backward(bs, bh)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        from .collective import all_gather_gemm, gemm_reduce_scatter
-
-        spec, ring = ctx.spec, ctx.ring
-        bs, bh = ctx.saved_tensors
-        need_dgrad, need_wgrad, need_bgrad = ctx.needs_input_grad[:3]
-        column, group, act = spec.mode == "column", spec.group, spec.act_dtype
-        cfg_g, g_slot = spec.cfgs[2], spec.slots[2]
-        dy2 = dy.to(act).contiguous()
-        dx = dw = db = None
-        if not column and ring and need_dgrad:
-            # dy shards as FP8 (one scale over the group) through the all-gather ring: dx = AG(dy)·W, and the
-            # gathered codes are the weight gradient's dy. The bias gradient: FP32 sums of the shards, all-reduced.
-            dy_q = _tp_quantizer(cfg_g, True, False, bs, bh, g_slot, group)(dy2)
-            if need_bgrad:
-                db = _all_reduce(dy2.float().sum(0), group).to(spec.bias_dtype)
-            r = all_gather_gemm(dy_q, _transposed_fp8(ctx.w_q), group, out_dtype=act, return_gathered=need_wgrad,
-                                comm_overlap=spec.comm_overlap, use_split_accumulator=True)
-            dx, gathered = r if need_wgrad else (r, None)
-            if need_wgrad:
-                dw = _wgrad(ctx.x_q, _gathered_fp8(gathered, dy_q, act), ctx.w_dtype)
-        else:
-            if not column and spec.sequence_parallel:  # the row layer's output was scattered: gather its gradient
-                dy2 = _all_gather_rows(dy2, group)
-            qg = (build_quantizer(cfg_g, need_dgrad, need_wgrad, *_slot(bs, bh, g_slot))
-                  if need_dgrad or need_wgrad else None)
-            db, dy_q = _grad_quantize(dy2, qg, need_bgrad, spec.bias_dtype)
-            if need_dgrad:
-                if not column:
-                    dx = _dgrad(ctx.w_q, dy_q, act)
-                elif ring:
-                    dx = gemm_reduce_scatter(dy_q, _transposed_fp8(ctx.w_q), group, out_dtype=act,
-                                             comm_overlap=spec.comm_overlap, use_split_accumulator=True)
-                else:  # each rank's output columns' share of dx, summed over the group in FP32
-                    dx = _gemm(ctx.w_q, False, dy_q, False, torch.float32, split=True)
-                    dx = (_reduce_scatter_rows(dx, group) if spec.sequence_parallel else _all_reduce(dx, group))
-                    dx = dx.to(act)
-            if need_wgrad:
-                dw = _wgrad(ctx.x_q, dy_q, ctx.w_dtype)
-        if bs is not None:
-            update_delayed_scaling(bh, bs, spec.recipe, cfg_g[1], get_amax_reduction_group(), tp_group=group)
-        ctx.x_q = ctx.w_q = None
-        return dx, dw, db, None, None, None, None, None
-
-
-def _tp_shapes(layer: str, x, mode: str, tp: int, sequence_parallel: bool):
-    """(x as [tokens, K_local], the output's leading dims). A sequence-parallel row layer scatters the first dim."""
-    lead = tuple(x.shape[:-1])
-    if sequence_parallel and mode == "row":
-        first = lead[0] if lead else 1
-        if first % tp:
-            raise ValueError(f"{layer}: a sequence-parallel row layer scatters the first dim of its input "
-                             f"{tuple(x.shape)} over tp={tp} ranks: it must be a multiple of tp")
-        lead = (first // tp,) + lead[1:] if lead else lead
-    elif sequence_parallel:
-        lead = (lead[0] * tp,) + lead[1:] if lead else lead
-    return x.reshape(-1, x.shape[-1]), lead
-
-
-def _tp_linear(layer: str, x, w, bias, mode: str, group, sequence_parallel: bool, comm_overlap: bool):
-    """One tensor-parallel linear in plain precision (outside tex.autocast; Linear's docstring): y = x·wᵀ + bias with
-    w this rank's rows ("column") or columns ("row"); sequence parallel: all-gather of x's first dim inside the GEMM
-    (column) or reduce-scatter of y's (row), else the all-reduce of the column layer's input gradient or of the row
-    layer's output."""
-    from .collective import all_gather_gemm, gemm_reduce_scatter
-
-    x2, lead = _tp_shapes(layer, x, mode, group.size(), sequence_parallel)
-    w = w.to(x2.dtype)
-    if mode == "column":
-        if sequence_parallel:  # x holds this rank's tokens (first dim); y all of them
-            y = all_gather_gemm(x2.contiguous(), w, group, comm_overlap=comm_overlap)
-        else:
-            y = F.linear(_TPAllReduceBackward.apply(x2, group), w)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
-    else:
-        if sequence_parallel:  # y: this rank's share of the tokens (first dim)
-            y = gemm_reduce_scatter(x2.contiguous(), w, group, comm_overlap=comm_overlap)
-        else:
-            y = _TPAllReduce.apply(F.linear(x2, w), group)
-        if bias is not None:  # sequence parallel: each rank adds it to its tokens, so its grad is summed
-            bias = _TPAllReduceBackward.apply(bias, group) if sequence_parallel else bias
-            y = y + bias.to(y.dtype)
-    return y.reshape(*lead, y.shape[-1])
-
-
-def _tp_linear_quantized(layer: str, x, w, bias, mode: str, group, sequence_parallel: bool, comm_overlap: bool,
-                         recipe, act_dtype, cfgs, slots, state):
-    """One tensor-parallel linear inside tex.autocast (_TPLinearFn), x in any leading shape."""
-    x2, lead = _tp_shapes(layer, x, mode, group.size(), sequence_parallel)
-    x2 = x2.to(act_dtype).contiguous()
-    spec = _TPSpec(mode, group, bool(sequence_parallel), bool(comm_overlap), act_dtype, cfgs, recipe, slots,
-                   None if bias is None else bias.dtype)
-    y = _TPLinearFn.apply(x2, w, bias, spec, *state)
-    return y.reshape(*lead, y.shape[-1])
-
-
-def _tp_alignment(layer: str, recipe, x, mode: str, tp: int, sequence_parallel: bool, dims: dict,
-                  weight_grad: bool) -> None:
-    """_check_alignment on this rank's GEMM dims; the wgrad's contraction dim is the gathered token count."""
-    if weight_grad:
-        tokens = x.numel() // max(x.shape[-1], 1)
-        if sequence_parallel and mode == "column":
-            tokens *= tp
-        dims = dict(dims, **{"tokens (flattened leading dims of the input, all ranks')": tokens})
-    _check_alignment(layer, recipe, dims)
-
-
-class Linear(_DelayedMixin, torch.nn.Module):
+class Linear(DelayedMixin, torch.nn.Module):
     """y = x·Wᵀ + b with W `[out_features, in_features]` in `params_dtype` (default torch's default dtype), the same
     parameters, initialisation and state_dict keys as `torch.nn.Linear`. Inside `tex.autocast` the three GEMMs run
     quantized by the recipe (see the module docstring); outside it is `F.linear`.
@@ -605,10 +191,10 @@ class Linear(_DelayedMixin, torch.nn.Module):
         dims = {"in_features": self.in_features, "out_features": self.out_features}
         if training and self.weight.requires_grad:
             dims["tokens (flattened leading dims of the input)"] = x.numel() // max(self.in_features, 1)
-        _check_alignment(f"Linear({self.in_features}, {self.out_features})", recipe, dims)
+        check_alignment(f"Linear({self.in_features}, {self.out_features})", recipe, dims)
         fs, fh, bs, bh = self._delayed_state(recipe, x.device)
-        act_dtype = _activation_dtype(x)
-        cfgs = _layer_configs(recipe, act_dtype)
+        act_dtype = activation_dtype(x)
+        cfgs = layer_configs(recipe, act_dtype)
         y = _LinearFn.apply(x, self.weight, self.bias, act_dtype, cfgs, recipe, fs, fh, bs, bh)
         if fs is not None:
             update_delayed_scaling(fh, fs, recipe, cfgs[0][1], get_amax_reduction_group())
@@ -617,7 +203,7 @@ class Linear(_DelayedMixin, torch.nn.Module):
     def _tp_forward(self, x):
         args = (self.parallel_mode, self.tp_group, self.sequence_parallel, self.comm_overlap)
         if not is_fp8_enabled() or is_calibrating():
-            y = _tp_linear("Linear", x, self.weight, self.bias, *args)
+            y = tp_linear("Linear", x, self.weight, self.bias, *args)
             recipe = get_fp8_recipe()
             if is_fp8_enabled() and isinstance(recipe, DelayedScaling):
                 self._calibrate(recipe, [(FP8FwdTensors.GEMM1_INPUT, x), (FP8FwdTensors.GEMM1_WEIGHT, self.weight)],
@@ -628,13 +214,13 @@ class Linear(_DelayedMixin, torch.nn.Module):
         column = self.parallel_mode == "column"
         dims = {"in_features" if column else "in_features/tp": self.weight.shape[1],
                 "out_features/tp" if column else "out_features": self.weight.shape[0]}
-        _tp_alignment(name, recipe, x, self.parallel_mode, tp, self.sequence_parallel, dims,
+        tp_alignment(name, recipe, x, self.parallel_mode, tp, self.sequence_parallel, dims,
                       torch.is_grad_enabled() and self.weight.requires_grad)
         state = self._delayed_state(recipe, x.device)
-        act_dtype = _activation_dtype(x)
-        cfgs = _layer_configs(recipe, act_dtype)
+        act_dtype = activation_dtype(x)
+        cfgs = layer_configs(recipe, act_dtype)
         slots = (FP8FwdTensors.GEMM1_INPUT, FP8FwdTensors.GEMM1_WEIGHT, FP8BwdTensors.GRAD_OUTPUT1)
-        y = _tp_linear_quantized("Linear", x, self.weight, self.bias, *args, recipe, act_dtype, cfgs, slots, state)
+        y = tp_linear_quantized("Linear", x, self.weight, self.bias, *args, recipe, act_dtype, cfgs, slots, state)
         if state[0] is not None:
             update_delayed_scaling(state[1], state[0], recipe, cfgs[0][1], get_amax_reduction_group(),
                                    tp_group=self.tp_group)
@@ -655,20 +241,20 @@ class _MLPFn(torch.autograd.Function):
         need_dh = need_dx or g[1] or g[2]  # the gradient reaching fc1's output
         need_da = need_dh  # the gradient reaching fc2's input
         cfg_in, cfg_w, _ = cfgs
-        qx = build_quantizer(cfg_in, True, need_w1, *_slot(fs, fh, FP8FwdTensors.GEMM1_INPUT))
-        qw1 = build_quantizer(cfg_w, True, need_dx, *_slot(fs, fh, FP8FwdTensors.GEMM1_WEIGHT))
-        qa = build_quantizer(cfg_in, True, need_w2, *_slot(fs, fh, FP8FwdTensors.GEMM2_INPUT))
-        qw2 = build_quantizer(cfg_w, True, need_da, *_slot(fs, fh, FP8FwdTensors.GEMM2_WEIGHT))
+        qx = build_quantizer(cfg_in, True, need_w1, *slot_views(fs, fh, FP8FwdTensors.GEMM1_INPUT))
+        qw1 = build_quantizer(cfg_w, True, need_dx, *slot_views(fs, fh, FP8FwdTensors.GEMM1_WEIGHT))
+        qa = build_quantizer(cfg_in, True, need_w2, *slot_views(fs, fh, FP8FwdTensors.GEMM2_INPUT))
+        qw2 = build_quantizer(cfg_w, True, need_da, *slot_views(fs, fh, FP8FwdTensors.GEMM2_WEIGHT))
         x_q = qx(x2.contiguous())
         w1_q = qw1(w1)
-        h = _gemm(w1_q, True, x_q, False, act_dtype, bias=None if b1 is None else b1.to(act_dtype))
+        h = layer_gemm(w1_q, True, x_q, False, act_dtype, bias=None if b1 is None else b1.to(act_dtype))
         a_q = getattr(_act, act_fwd)(h, qa)  # the fused kernel writes the activation quantized for fc2
         w2_q = qw2(w2)
-        y = _gemm(w2_q, True, a_q, False, act_dtype, bias=None if b2 is None else b2.to(act_dtype))
-        ctx.x_q = _keep_columnwise(x_q) if need_w1 else None
-        ctx.w1_q = _keep_columnwise(w1_q) if need_dx else None
-        ctx.a_q = _keep_columnwise(a_q) if need_w2 else None
-        ctx.w2_q = _keep_columnwise(w2_q) if need_da else None
+        y = layer_gemm(w2_q, True, a_q, False, act_dtype, bias=None if b2 is None else b2.to(act_dtype))
+        ctx.x_q = keep_columnwise(x_q) if need_w1 else None
+        ctx.w1_q = keep_columnwise(w1_q) if need_dx else None
+        ctx.a_q = keep_columnwise(a_q) if need_w2 else None
+        ctx.w2_q = keep_columnwise(w2_q) if need_da else None
         ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype, None if b1 is None else b1.dtype,
                     None if b2 is None else b2.dtype, activation, act_dtype, cfgs[2], recipe, need_dh)
         ctx.save_for_backward(h if need_dh else None, bs, bh)
@@ -687,7 +273,7 @@ class _MLPFn(torch.autograd.Function):
             dy2 = dy2.to(act_dtype)
         dy2 = dy2.contiguous()
         # fc2: dY quantized rowwise (dgrad) and columnwise (wgrad), with the fused bias gradient.
-        qg2 = build_quantizer(cfg_g, need_dh, need_w2, *_slot(bs, bh, FP8BwdTensors.GRAD_OUTPUT2))
+        qg2 = build_quantizer(cfg_g, need_dh, need_w2, *slot_views(bs, bh, FP8BwdTensors.GRAD_OUTPUT2))
         db2 = db1 = dx = dw1 = dw2 = None
         if need_b2:
             db2, dy_q = bgrad_quantize(dy2, qg2)
@@ -695,11 +281,11 @@ class _MLPFn(torch.autograd.Function):
         else:
             dy_q = qg2(dy2) if (need_dh or need_w2) else None
         if need_w2:
-            dw2 = _wgrad(ctx.a_q, dy_q, w2_dtype)
+            dw2 = wgrad_gemm(ctx.a_q, dy_q, w2_dtype)
         if need_dh:
-            da = _dgrad(ctx.w2_q, dy_q, act_dtype)
+            da = dgrad_gemm(ctx.w2_q, dy_q, act_dtype)
             # fc1: dH = dact(dA, H) quantized for the dgrad (rowwise) and wgrad (columnwise), bias gradient fused.
-            qg1 = build_quantizer(cfg_g, need_dx, need_w1, *_slot(bs, bh, FP8BwdTensors.GRAD_OUTPUT1))
+            qg1 = build_quantizer(cfg_g, need_dx, need_w1, *slot_views(bs, bh, FP8BwdTensors.GRAD_OUTPUT1))
             if need_b1 and act_dbias is not None:
                 db1, dh_q = getattr(_act, act_dbias)(da, h, qg1)
             elif need_b1:
@@ -709,16 +295,16 @@ class _MLPFn(torch.autograd.Function):
             if db1 is not None:
                 db1 = db1.to(b1_dtype)
             if need_dx:
-                dx = _dgrad(ctx.w1_q, dh_q, act_dtype).reshape(x_shape).to(x_dtype)
+                dx = dgrad_gemm(ctx.w1_q, dh_q, act_dtype).reshape(x_shape).to(x_dtype)
             if need_w1:
-                dw1 = _wgrad(ctx.x_q, dh_q, w1_dtype)
+                dw1 = wgrad_gemm(ctx.x_q, dh_q, w1_dtype)
         if bs is not None:
             update_delayed_scaling(bh, bs, recipe, cfg_g[1], get_amax_reduction_group())
         ctx.x_q = ctx.w1_q = ctx.a_q = ctx.w2_q = None
         return dx, dw1, db1, dw2, db2, None, None, None, None, None, None, None, None
 
 
-class MLP(_DelayedMixin, torch.nn.Module):
+class MLP(DelayedMixin, torch.nn.Module):
     """fc2(act(fc1(x))): `fc1` Linear(hidden_size → ffn_hidden_size, or 2·ffn_hidden_size for gated activations,
     whose first half goes through the nonlinearity, SPEC §3.2), `fc2` Linear(ffn_hidden_size → hidden_size).
     `activation`: any key of `ACTIVATIONS` (gelu = tanh approximation). Inside `tex.autocast` one autograd function
@@ -804,10 +390,10 @@ class MLP(_DelayedMixin, torch.nn.Module):
         dims = {"hidden_size": self.hidden_size, "ffn_hidden_size": self.ffn_hidden_size}
         if torch.is_grad_enabled() and params_grad:
             dims["tokens (flattened leading dims of the input)"] = x.numel() // max(self.hidden_size, 1)
-        _check_alignment(f"MLP({self.hidden_size}, {self.ffn_hidden_size}, {self.activation!r})", recipe, dims)
+        check_alignment(f"MLP({self.hidden_size}, {self.ffn_hidden_size}, {self.activation!r})", recipe, dims)
         fs, fh, bs, bh = self._delayed_state(recipe, x.device)
-        act_dtype = _activation_dtype(x)
-        cfgs = _layer_configs(recipe, act_dtype)
+        act_dtype = activation_dtype(x)
+        cfgs = layer_configs(recipe, act_dtype)
         y = _MLPFn.apply(x, self.fc1_weight, self.fc1_bias, self.fc2_weight, self.fc2_bias, self.activation,
                          act_dtype, cfgs, recipe, fs, fh, bs, bh)
         if fs is not None:
@@ -820,9 +406,9 @@ class MLP(_DelayedMixin, torch.nn.Module):
         act = getattr(_act, ACTIVATIONS[self.activation][0])
         args = (self.tp_group, self.sequence_parallel, self.comm_overlap)
         if not is_fp8_enabled() or is_calibrating():
-            h = _tp_linear("MLP fc1", x, self.fc1_weight, self.fc1_bias, "column", *args)
+            h = tp_linear("MLP fc1", x, self.fc1_weight, self.fc1_bias, "column", *args)
             a = act(h, None)
-            y = _tp_linear("MLP fc2", a, self.fc2_weight, self.fc2_bias, "row", *args)
+            y = tp_linear("MLP fc2", a, self.fc2_weight, self.fc2_bias, "row", *args)
             recipe = get_fp8_recipe()
             if is_fp8_enabled() and isinstance(recipe, DelayedScaling):
                 self._calibrate(recipe, [(FP8FwdTensors.GEMM1_INPUT, x), (FP8FwdTensors.GEMM1_WEIGHT, self.fc1_weight),
@@ -832,15 +418,15 @@ class MLP(_DelayedMixin, torch.nn.Module):
         recipe, tp = get_fp8_recipe(), self.tp_group.size()
         name = f"MLP({self.hidden_size}, {self.ffn_hidden_size}, {self.activation!r}, tp={tp})"
         train = torch.is_grad_enabled() and any(p.requires_grad for p in (self.fc1_weight, self.fc2_weight))
-        _tp_alignment(name, recipe, x, "column", tp, self.sequence_parallel,
+        tp_alignment(name, recipe, x, "column", tp, self.sequence_parallel,
                       {"hidden_size": self.hidden_size, "ffn_hidden_size/tp": self.fc2_weight.shape[1]}, train)
         state = self._delayed_state(recipe, x.device)
-        act_dtype = _activation_dtype(x)
-        cfgs = _layer_configs(recipe, act_dtype)
-        h = _tp_linear_quantized("MLP fc1", x, self.fc1_weight, self.fc1_bias, "column", *args, recipe, act_dtype,
+        act_dtype = activation_dtype(x)
+        cfgs = layer_configs(recipe, act_dtype)
+        h = tp_linear_quantized("MLP fc1", x, self.fc1_weight, self.fc1_bias, "column", *args, recipe, act_dtype,
                                  cfgs, (FP8FwdTensors.GEMM1_INPUT, FP8FwdTensors.GEMM1_WEIGHT,
                                         FP8BwdTensors.GRAD_OUTPUT1), state)
-        y = _tp_linear_quantized("MLP fc2", act(h, None), self.fc2_weight, self.fc2_bias, "row", *args, recipe,
+        y = tp_linear_quantized("MLP fc2", act(h, None), self.fc2_weight, self.fc2_bias, "row", *args, recipe,
                                  act_dtype, cfgs, (FP8FwdTensors.GEMM2_INPUT, FP8FwdTensors.GEMM2_WEIGHT,
                                                    FP8BwdTensors.GRAD_OUTPUT2), state)
         if state[0] is not None:
@@ -853,5 +439,5 @@ def init_fp8_state(model: torch.nn.Module, recipe: DelayedScaling) -> None:
     """`init_fp8_state(recipe)` on every tex layer of `model` (before torch.compile under a DelayedScaling whose
     amax_history_len is not the default)."""
     for m in model.modules():
-        if isinstance(m, _DelayedMixin):
+        if isinstance(m, DelayedMixin):
             m.init_fp8_state(recipe)

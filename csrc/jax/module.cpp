@@ -294,6 +294,15 @@ PYBIND11_MODULE(_ffi, m) {
   m.def("nccl_create", &te_jax::nccl_create, py::arg("key"), py::arg("unique_id"), py::arg("size"),
         py::arg("members"));
   m.def("nccl_has", &te::comm::nccl_has, py::arg("key"), py::arg("device"));
+  // The collective GEMM's transport decision and window size, the core's (collective_gemm_op.h).
+  m.def("collective_transport",
+        [](bool node_local) { return std::string(te::ops::transport_name(te::ops::collective_transport(node_local))); },
+        py::arg("node_local"));
+  m.def("collective_window_bytes",
+        [](int64_t kind, int64_t rows, int64_t n, int tp) {
+          return te::ops::collective_window_bytes(te::ops::CollectiveKind(kind), rows, n, tp);
+        },
+        py::arg("kind"), py::arg("rows"), py::arg("n"), py::arg("tp"));
   m.def("local_windows_ensure", &te_jax::local_windows_ensure, py::arg("key"), py::arg("rings"), py::arg("bytes"));
 #if defined(TE_WITH_CUDA)
   m.attr("with_cuda") = true;

@@ -207,7 +207,24 @@ std::tuple<Tensor, Tensor, Tensor> collective_gemm_loopback(
 }
 #endif
 
+// The transport decision and the window size, the core's (collective_gemm_op.h): torch asks instead of deciding.
+std::string collective_transport(bool node_local) {
+  return with_torch_errors(
+      [&] { return std::string(te::ops::transport_name(te::ops::collective_transport(node_local))); });
+}
+
+int64_t collective_window_bytes(int64_t kind, int64_t rows, int64_t n, int64_t tp) {
+  return with_torch_errors(
+      [&] { return te::ops::collective_window_bytes(te::ops::CollectiveKind(kind), rows, n, int(tp)); });
+}
+
 }  // namespace
+
+// No tensor arguments: one kernel for every dispatch key.
+TORCH_LIBRARY_IMPL(te, CompositeImplicitAutograd, m) {
+  m.impl("collective_transport", &collective_transport);
+  m.impl("collective_window_bytes", &collective_window_bytes);
+}
 
 static void collective_impls(torch::Library& m) { m.impl("collective_gemm", &collective_gemm); }
 TE_IMPL_CPU_AND_CUDA(collective_impls)

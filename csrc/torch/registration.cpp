@@ -98,5 +98,10 @@ TORCH_LIBRARY(te, m) {
             "int w_dtype, int kind, int rank, int tp, Tensor peers, Tensor? peers_scale_inv, int out_dtype, "
             "bool overlap=True, bool use_split_accumulator=True, bool return_gathered=False, int sm_margin=-1) "
             "-> (Tensor, Tensor, Tensor)");
+  // The collective GEMM's transport on CUDA ("copy_engine" / "nccl": NVTE_COLLECTIVE_GEMM_TRANSPORT, else the copy
+  // engine for a node-local group) and the copy-engine window's bytes for a reduce-scatter of x [rows, k] into
+  // [rows/tp, n]: the core decides both (collective_gemm_op.h).
+  m.def("collective_transport(bool node_local) -> str");
+  m.def("collective_window_bytes(int kind, int rows, int n, int tp) -> int");
   m.def("cublaslt_version() -> int");
 }

@@ -252,3 +252,27 @@ def test_collective_gemm_bytes_equal_tex(tmp_path, run_on_cpu_mesh):
     mp.start_processes(_tex_collective_rank, args=(tp, str(tmp_path), str(tmp_path / "init")), nprocs=tp,
                        start_method="spawn")
     run_on_cpu_mesh(_TEJ_COLLECTIVE.format(d=str(tmp_path)))
+
+
+@pytest.mark.parametrize("value", [None, "", "nccl", " Copy_Engine ", "bogus", "NCCL2"])
+def test_collective_transport_is_one_decision(monkeypatch, value):
+    """Issue 33: both frontends ask the core which transport the collective GEMM's reduce-scatter takes, so for every
+    value of NVTE_COLLECTIVE_GEMM_TRANSPORT and either group kind they answer alike, and a bad value raises the same
+    ValueError message in both."""
+    from transformer_engine_jax import collective_ffi
+
+    if value is None:
+        monkeypatch.delenv("NVTE_COLLECTIVE_GEMM_TRANSPORT", raising=False)
+    else:
+        monkeypatch.setenv("NVTE_COLLECTIVE_GEMM_TRANSPORT", value)
+    for node_local in (True, False):
+        outcomes = []
+        for ask in (collective_ffi.transport, torch.ops.te.collective_transport):
+            try:
+                outcomes.append(ask(node_local))
+            except ValueError as e:
+                outcomes.append(("ValueError", str(e).splitlines()[0]))
+        assert outcomes[0] == outcomes[1], outcomes
+        if value in ("bogus", "NCCL2"):
+            assert outcomes[0] == ("ValueError", f"collective GEMM: NVTE_COLLECTIVE_GEMM_TRANSPORT="
+                                                 f"'{value.lower()}' is not one of copy_engine, nccl")

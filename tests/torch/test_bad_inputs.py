@@ -489,10 +489,13 @@ def _te_ops():
 def test_every_tensor_op_has_a_cuda_kernel():
     """In a CUDA build the real kernels; in a CPU-only build the kernel that says it was built without CUDA
     (registration.cpp), never the dispatcher's "Could not run 'te::act' with arguments from the 'CUDA' backend".
-    cublaslt_version takes no tensors and has one kernel for every key."""
+    The ops that take no tensors (cublaslt_version, the collective GEMM's transport decision and window size) have one
+    kernel for every key."""
     ops = _te_ops()
     assert "te::act" in ops and "te::gemm" in ops
-    missing = [op for op in ops if op != "te::cublaslt_version"
+    tensorless = ("te::cublaslt_version", "te::collective_transport", "te::collective_window_bytes")
+    assert set(tensorless) <= set(ops)
+    missing = [op for op in ops if op not in tensorless
                and not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA")]
     assert not missing, missing
 

@@ -620,9 +620,9 @@ def test_bad_arguments():
 def test_nvfp4_recipe_turns_rht_off_for_non_bf16_activations(monkeypatch):
     """SPEC §8: NVFP4's Hadamard transform takes bf16 only, so a layer computing in fp32 runs the recipe without it,
     warning once, and gives exactly what disable_rht=True gives; under bf16 autocast the transform stays."""
-    import transformer_engine_torch.modules as modules
+    import transformer_engine_torch._layer_gemms as layer_gemms
 
-    monkeypatch.setattr(modules, "_RHT_OFF_WARNED", set())
+    monkeypatch.setattr(layer_gemms, "_RHT_OFF_WARNED", set())
     torch.manual_seed(3)
     layer = tex.MLP(64, 64)
     x, dy = make_inputs((64, 64), (64, 64), "cpu", torch.float32)

@@ -200,9 +200,9 @@ def test_cuda_graph_replay(recipe_name, act):
 def test_compile_traces_recipe_construction_and_first_warning(monkeypatch):
     """Code dynamo traces asks no question that breaks the graph: recipes built inside the compiled function
     (their env defaults, Format values), and NVFP4's first 'RHT off' warning for a non-bf16 layer."""
-    import transformer_engine_torch.modules as modules
+    import transformer_engine_torch._layer_gemms as layer_gemms
 
-    monkeypatch.setattr(modules, "_RHT_OFF_WARNED", set())
+    monkeypatch.setattr(layer_gemms, "_RHT_OFF_WARNED", set())
     torch._dynamo.reset()
     model = make_model("gelu", "cpu", torch.float32)
 

@@ -7,17 +7,15 @@
 #include <string>
 
 #include "../rules/common.h"
+#include "exchange_pool.h"
 #include "transport.h"
 
 namespace te {
 namespace comm {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    core_fail(std::string("collective GEMM copy engine: ") + what + " failed: " + cudaGetErrorString(e));
-  }
-}
+constexpr const char* kWho = "collective GEMM copy engine";
+void check(cudaError_t e, const char* what) { cuda_check(e, kWho, what); }
 
 using MemOpFn = CUresult (*)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 struct MemOps {
@@ -49,34 +47,12 @@ void mem_op(MemOpFn fn, cudaStream_t s, void* addr, uint32_t value, unsigned fla
                                    std::to_string(int(r)));
 }
 
-// The exchange streams (highest priority) and events of this thread on the current device, made once (outside any
-// capture), as the loopback transport's. Exchange i runs on stream i mod kStreams: the reduce-scatter's exchanges go
-// to different peers and need not wait for each other, so the copies of one call run side by side on the GPU's copy
-// engines whenever their GEMMs are done.
-constexpr int kMaxSteps = 64;
-constexpr int kStreams = 4;
-struct Resources {
-  cudaStream_t streams[kStreams] = {};
-  cudaEvent_t ready = nullptr;
-  cudaEvent_t done[kMaxSteps] = {};
-};
-
-Resources& resources() {
-  thread_local Resources per_device[16];
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  Resources& r = per_device[dev % 16];
-  if (r.streams[0] == nullptr) {
-    int least = 0, greatest = 0;
-    check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
-    for (cudaStream_t& s : r.streams) {
-      check(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, greatest), "cudaStreamCreate");
-    }
-    check(cudaEventCreateWithFlags(&r.ready, cudaEventDisableTiming), "cudaEventCreate");
-    for (cudaEvent_t& e : r.done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-  }
-  return r;
-}
+// The exchange streams and events: the CUDA transports' shared pool (exchange_pool.h). Exchange i runs on stream
+// i mod kStreams: the reduce-scatter's exchanges go to different peers and need not wait for each other, so the
+// copies of one call run side by side on the GPU's copy engines whenever their GEMMs are done.
+constexpr int kMaxSteps = ExchangeResources::kMaxSteps;
+constexpr int kStreams = ExchangeResources::kStreams;
+ExchangeResources& resources() { return exchange_resources(kWho); }
 
 int32_t* ready_flag(char* window, int r) { return reinterpret_cast<int32_t*>(window) + r; }
 int32_t* free_flag(char* window, int r) {
@@ -114,7 +90,7 @@ void* CopyEngineTransport::recv_window(size_t bytes) {
 void CopyEngineTransport::start(int step, const Segment* segs, int n, int to, int from) {
   if (step >= kMaxSteps) core_fail("collective GEMM copy engine: at most 64 exchanges per call");
   const MemOps& ops = mem_ops();
-  Resources& r = resources();
+  ExchangeResources& r = resources();
   const cudaStream_t caller = static_cast<cudaStream_t>(stream_), comm = r.streams[step % kStreams];
   check(cudaEventRecord(r.ready, caller), "cudaEventRecord");
   check(cudaStreamWaitEvent(comm, r.ready, 0), "cudaStreamWaitEvent");

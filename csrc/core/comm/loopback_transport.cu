@@ -5,40 +5,19 @@
 #include <string>
 
 #include "../rules/common.h"
+#include "exchange_pool.h"
 #include "transport.h"
 
 namespace te {
 namespace comm {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) core_fail(std::string("collective GEMM loopback: ") + what + " failed: " + cudaGetErrorString(e));
-}
+void check(cudaError_t e, const char* what) { cuda_check(e, "collective GEMM loopback", what); }
 
-// The copy stream and the events of this thread on the current device, made once (creating them inside a CUDA graph
-// capture would be legal but slow; reusing them is safe because one thread drives one collective at a time): `ready`
-// marks the caller's work before an exchange, done[i] the copies of exchange i.
-constexpr int kMaxSteps = 64;
-struct Resources {
-  int device = -1;
-  cudaStream_t stream = nullptr;
-  cudaEvent_t ready = nullptr;
-  cudaEvent_t done[kMaxSteps] = {};
-};
-
-Resources& resources() {
-  thread_local Resources per_device[16];
-  int dev = 0;
-  check(cudaGetDevice(&dev), "cudaGetDevice");
-  Resources& r = per_device[dev % 16];
-  if (r.stream == nullptr) {
-    r.device = dev;
-    check(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking), "cudaStreamCreate");
-    check(cudaEventCreateWithFlags(&r.ready, cudaEventDisableTiming), "cudaEventCreate");
-    for (cudaEvent_t& e : r.done) check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-  }
-  return r;
-}
+// The copy stream and the events: the CUDA transports' shared pool (exchange_pool.h); the loopback's exchanges run in
+// order on its first stream, so the last exchange's event covers the ones before it.
+constexpr int kMaxSteps = ExchangeResources::kMaxSteps;
+ExchangeResources& resources() { return exchange_resources("collective GEMM loopback"); }
 
 }  // namespace
 
@@ -54,18 +33,19 @@ LoopbackTransport::~LoopbackTransport() = default;
 
 void LoopbackTransport::start(int step, const Segment* segs, int n, int /*to*/, int /*from*/) {
   if (n > n_sources_) core_fail("collective GEMM loopback: an exchange has more segments than sources were given");
-  Resources& r = resources();
+  ExchangeResources& r = resources();
   const cudaStream_t caller = static_cast<cudaStream_t>(stream_);
   check(cudaEventRecord(r.ready, caller), "cudaEventRecord");
-  check(cudaStreamWaitEvent(r.stream, r.ready, 0), "cudaStreamWaitEvent");
+  check(cudaStreamWaitEvent(r.streams[0], r.ready, 0), "cudaStreamWaitEvent");
   const int chunk = ag_chunk(rank_, size_, step + 1);  // the chunk this exchange brings (all-gather)
   for (int s = 0; s < n; ++s) {
     const LoopbackSource& src = sources_[s];
     const size_t index = src.by_chunk ? size_t(chunk) : size_t(step);
     const char* from = static_cast<const char*>(src.base) + index * src.stride;
-    check(cudaMemcpyAsync(segs[s].recv, from, segs[s].bytes, cudaMemcpyDeviceToDevice, r.stream), "cudaMemcpyAsync");
+    check(cudaMemcpyAsync(segs[s].recv, from, segs[s].bytes, cudaMemcpyDeviceToDevice, r.streams[0]),
+          "cudaMemcpyAsync");
   }
-  check(cudaEventRecord(r.done[step % kMaxSteps], r.stream), "cudaEventRecord");
+  check(cudaEventRecord(r.done[step % kMaxSteps], r.streams[0]), "cudaEventRecord");
   last_ = step;
 }
 

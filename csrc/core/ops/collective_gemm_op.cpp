@@ -1,7 +1,10 @@
 // plan_collective_gemm and run_collective_gemm (collective_gemm_op.h).
 #include "collective_gemm_op.h"
 
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "../comm/partial_sum.h"
 #include "../gemm/gemm_epilogue.h"
@@ -142,10 +145,37 @@ CollectiveGemmPlan plan_collective_gemm(const CollectiveGemmRequest& r, const Ex
   return p;
 }
 
-int64_t collective_window_bytes(const CollectiveGemmPlan& p) {
-  if (!copy_engine_serves(p.req.kind)) return 0;
-  return comm::CopyEngineWindow::kFlagBytes + p.chunk_bytes * (p.req.tp - 1);
+int64_t collective_window_bytes(CollectiveKind kind, int64_t rows, int64_t n, int tp) {
+  if (!copy_engine_serves(kind)) return 0;
+  if (tp < 1 || rows < 0 || n < 0) {
+    fail(ErrorKind::kValue, msg("collective_window_bytes: tp must be >= 1 and rows, n >= 0, got tp = ", str(tp),
+                                ", rows = ", str(rows), ", n = ", str(n)));
+  }
+  return comm::CopyEngineWindow::kFlagBytes + int64_t(tp - 1) * (rows / tp) * n * int64_t(sizeof(float));
 }
+
+int64_t collective_window_bytes(const CollectiveGemmPlan& p) {
+  // RS: x [tp·m, k] into [m, n]; the received partials are the plan's FP32 chunks [m, n]
+  return collective_window_bytes(p.req.kind, int64_t(p.req.tp) * p.m, p.n, p.req.tp);
+}
+
+TransportChoice collective_transport(bool node_local) {
+  constexpr const char* kVar = "NVTE_COLLECTIVE_GEMM_TRANSPORT";
+  const char* env = std::getenv(kVar);
+  std::string v = env ? env : "";
+  const auto blank = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  while (!v.empty() && blank(v.back())) v.pop_back();
+  size_t first = 0;
+  while (first < v.size() && blank(v[first])) ++first;
+  v.erase(0, first);
+  for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));
+  if (v.empty()) return node_local ? TransportChoice::kCopyEngine : TransportChoice::kNccl;
+  if (v == "copy_engine") return TransportChoice::kCopyEngine;
+  if (v == "nccl") return TransportChoice::kNccl;
+  fail(ErrorKind::kValue, msg("collective GEMM: ", kVar, "='", v, "' is not one of copy_engine, nccl"));
+}
+
+const char* transport_name(TransportChoice t) { return t == TransportChoice::kCopyEngine ? "copy_engine" : "nccl"; }
 
 namespace {
 

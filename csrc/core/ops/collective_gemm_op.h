@@ -86,6 +86,20 @@ inline bool copy_engine_serves(CollectiveKind k) { return k == CollectiveKind::k
 // The window bytes (flags page included) the copy-engine transport needs for this plan; 0 for a kind it does not
 // serve.
 int64_t collective_window_bytes(const CollectiveGemmPlan& p);
+// The same from the shapes alone, for a frontend that maps the windows before it plans (torch's symmetric memory):
+// x [rows, k] reduce-scattered into [rows/tp, n] receives tp − 1 FP32 partials [rows/tp, n] after the flags page
+// (comm::CopyEngineWindow::kFlagBytes); 0 for the all-gather. The formula's one home: the plan form calls it.
+int64_t collective_window_bytes(CollectiveKind kind, int64_t rows, int64_t n, int tp);
+
+// Which transport a CUDA collective GEMM's reduce-scatter runs over — decided here once for both frontends (issue
+// 33): the environment variable NVTE_COLLECTIVE_GEMM_TRANSPORT ("copy_engine" or "nccl"; case and surrounding blanks
+// ignored) when it is set and not blank, else the default rule: the copy engine for a node-local group (every rank's
+// window mappable into this process), NCCL otherwise. Any other value raises ErrorKind::kValue (ValueError), the
+// one message: "collective GEMM: NVTE_COLLECTIVE_GEMM_TRANSPORT='<value>' is not one of copy_engine, nccl". Read at
+// every call, so a change of the variable applies to the next call. Every rank must choose alike.
+enum class TransportChoice : int { kNccl = 0, kCopyEngine = 1 };
+TransportChoice collective_transport(bool node_local);
+const char* transport_name(TransportChoice t);  // "nccl" / "copy_engine"
 
 CollectiveGemmPlan plan_collective_gemm(const CollectiveGemmRequest& r, const ExecCtx& ctx);
 
