@@ -92,13 +92,6 @@ void bind(const ActPlan& plan, const OpCall& c, const Outputs& o, te::ops::ActIO
   }
 }
 
-#if defined(TE_WITH_CUDA)
-#define TE_DEVICE_GUARD(t) \
-  const c10::cuda::OptionalCUDAGuard guard((t).is_cuda() ? c10::optional<c10::Device>((t).device()) : c10::nullopt)
-#else
-#define TE_DEVICE_GUARD(t) (void)0
-#endif
-
 // Runs a planned call into `o` (a tensor for every piece the plan has): binds the buffers, draws the random bits,
 // allocates the workspace and runs the plan as it is (a call is planned once; nothing here plans again).
 void run_planned(const OpCall& c, ActPlan& plan, const Outputs& o, const te::ops::ExecCtx& ctx) {
@@ -371,9 +364,7 @@ void compute_amax(const Tensor& x, const Tensor& amax) {
   const te::DType dt = input_dtype(x, op, "input");
   check_scalar_f32(amax, x, op, "amax");
   const Tensor xc = x.contiguous();
-#if defined(TE_WITH_CUDA)
-  const c10::cuda::OptionalCUDAGuard guard(x.is_cuda() ? c10::optional<c10::Device>(x.device()) : c10::nullopt);
-#endif
+  TE_DEVICE_GUARD(x);
   with_torch_errors([&] { te::ops::compute_amax(view_of(xc, dt, op), amax.data_ptr<float>(), exec_ctx(xc)); });
 }
 

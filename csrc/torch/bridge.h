@@ -29,6 +29,14 @@
 #define TE_IMPL_CPU_AND_CUDA(register_fn) TORCH_LIBRARY_IMPL(te, CPU, m) { register_fn(m); }
 #endif
 
+// Makes `t`'s device current for the rest of the scope (CUDA tensors; nothing for CPU ones or in a CPU-only build).
+#if defined(TE_WITH_CUDA)
+#define TE_DEVICE_GUARD(t) \
+  const c10::cuda::OptionalCUDAGuard guard((t).is_cuda() ? c10::optional<c10::Device>((t).device()) : c10::nullopt)
+#else
+#define TE_DEVICE_GUARD(t) (void)0
+#endif
+
 namespace te_torch {
 
 using at::Tensor;
