@@ -1,8 +1,9 @@
 """The tej ops as XLA FFI calls: registration of `_ffi`'s handlers (CPU and CUDA) and the calls that lower to them.
 
 Output shapes and dtypes, the workspace size and every input check come from the core's planner (`_ffi.plan_act`),
-the same plan the handler runs, so a bad input raises ValueError / TypeError / NotImplementedError here, at trace
-time, with the core's message. Under jax.jit with a sharded x each call runs on every device's rows, and plain and
+the same planner the handler runs, so a bad input raises ValueError / TypeError / NotImplementedError here, at trace
+time, with the core's message. A trace plans each call signature once (_cached_plan); each execution of the handler
+plans once more, for its device, and runs that plan. Under jax.jit with a sharded x each call runs on every device's rows, and plain and
 per-tensor calls also on its slice of x's last dim (sharding.py, _sharded_call). Buffers, in the order the handlers
 bind them (csrc/jax/activation.cpp):
   args     [dz] x scale amax rng
@@ -61,11 +62,22 @@ def _attrs(quantizer: Quantizer | None, amax_given=False, amax_only=False, dbias
 
 
 def _plan(op, code, backward, with_dbias, x_shape, dtype, grad_shape, attrs):
-    q = _ffi.QuantizerAttrs(**{k: (v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items()})
-    args = (op, -1 if code is None else code, backward, with_dbias, list(x_shape), _CODE_OF[dtype], list(grad_shape), q)
-    cpu, cuda = _ffi.plan_act(*args, cuda=False), _ffi.plan_act(*args, cuda=True)
-    # Shapes are the same on both platforms (the bytes are); the workspace may differ (CUDA's one-launch slots).
-    return cpu["pieces"], max(cpu["workspace_bytes"], cuda["workspace_bytes"])
+    """(pieces, workspace bytes) of a call: the core's trace-time plan, made once per signature (_cached_plan)."""
+    key = tuple((k, v.item() if isinstance(v, np.generic) else v) for k, v in attrs.items())
+    return _cached_plan(op, -1 if code is None else int(code), bool(backward), bool(with_dbias),
+                        tuple(int(d) for d in x_shape), _CODE_OF[dtype], tuple(int(d) for d in grad_shape), key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_plan(op, code, backward, with_dbias, x_shape, dtype_code, grad_shape, attrs):
+    """One core plan per call signature (op, shapes, dtype, quantizer attributes), for every platform the trace may
+    lower to (`any_device`: shapes are every device's, the workspace the largest); the results XLA allocates
+    (_call's ShapeDtypeStructs) come from it. A trace that asks again (the checked unsharded call, then the call
+    itself; a retrace of the same signature) reuses it. A bad input raises each time (errors are not cached)."""
+    plan = _ffi.plan_act(op, code, backward, with_dbias, list(x_shape), dtype_code, list(grad_shape),
+                         _ffi.QuantizerAttrs(**dict(attrs)), cuda=False, any_device=True)
+    pieces = tuple((bool(present), int(dt), tuple(shape)) for present, dt, shape in plan["pieces"])
+    return pieces, int(plan["workspace_bytes"])
 
 
 def _result_type(piece, data_dtype, x_dtype):

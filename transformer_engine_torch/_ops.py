@@ -1,21 +1,20 @@
 """Fake (meta) kernels for the `te` ops. Schemas are defined once, in C++ (csrc/torch/registration.cpp); this
 file never restates them. Fake kernels return the real shapes, dtypes and strides (all contiguous) so
-torch.compile traces without running anything. Trailing arguments at their schema defaults are not passed to
-these kernels, so each takes the arguments it does not read as `*rest`. The autograd of `te::act` is
-registered in C++ (csrc/torch/activation_autograd.cpp), where a call that needs no graph costs no Python.
+torch.compile traces without running anything; the activation / cast family's come from the core's plan of the
+call (`_C.plan_outputs`), so its output-shape rules are written once, in the core. Trailing arguments at their
+schema defaults are not passed to these kernels, so each takes the arguments it does not read as `*rest` (the
+family's read the defaults from the schema). The autograd of `te::act` is registered in C++
+(csrc/torch/activation_autograd.cpp), where a call that needs no graph costs no Python.
 The wrappers call the ops through `call` (eager: csrc/torch/python_call.cpp)."""
 from __future__ import annotations
 
 import torch
 
 from . import _C
-from ._activation_table import GATED_CODES
 from .dtypes import to_torch_dtype
 
-# Quantizer kind "none" (SPEC §1.4): plain output. Each format module (formats/) names its own kinds and registers
-# the fake outputs of each (`register_fake_outputs`).
+# Quantizer kind "none" (SPEC §1.4): plain output. Each format module (formats/) names its own kinds.
 QKIND_NONE = 0
-_FAKE_OUTPUTS: dict = {}
 
 _is_compiling = torch.compiler.is_dynamo_compiling
 
@@ -46,79 +45,38 @@ def _one_device(op: str, *args) -> None:
                                      f"move them with .to(device)")
 
 
-def _fwd_shape(x, act):
-    shape = list(x.shape)
-    if act in GATED_CODES and shape:
-        shape[-1] //= 2
-    return shape
+def _meta(t) -> tuple:
+    """A tensor as the planner takes it: (sizes, dtype, device). A symbolic size is guarded to its value (the core
+    plans concrete shapes)."""
+    return (tuple(int(d) for d in t.shape), t.dtype, str(t.device))
 
 
-def register_fake_outputs(*qkinds):
-    """Decorator: `fn(x, shape, rowwise, columnwise, rest)` makes the six outputs of a quantizing op for quantizer
-    kinds `qkinds` (a format module registers its own)."""
-    def decorator(fn):
-        for qkind in qkinds:
-            _FAKE_OUTPUTS[qkind] = fn
-        return fn
+def _register_planned_fake(op: str) -> None:
+    """The fake kernel of an op of the activation / cast family: the tensors it returns as the core plans the call
+    (`_C.plan_outputs`, csrc/torch/activation.cpp: the eager op's request, checks and planner, without a device), so
+    the output-shape rules are written once, in the core. Arguments are read by their schema names; the trailing
+    ones a caller leaves out, at their schema defaults."""
+    schema = getattr(torch.ops.te, op).default._schema.arguments
+    names = [a.name for a in schema]
 
-    return decorator
+    def fake(*args, **kwargs):
+        a = dict(zip(names, tuple(args) + tuple(kwargs.get(s.name, s.default_value) for s in schema[len(args):])))
+        _one_device(op, *a.values())
+        spec = None
+        if "qkind" in a:  # the quantizer spec (SPEC §1.4), its tensors as present or not
+            spec = (a["qkind"], a["qdtype"], a["rowwise"], a["columnwise"], a["qflags"], a["amax_epsilon"],
+                    a["block_dim"], a["scale"] is not None, a["amax"] is not None)
+        grad = a.get("grad")
+        x = a["x"]
+        outs = _C.plan_outputs(op, a.get("act", 0), _meta(x), None if grad is None else _meta(grad), spec)
+        outs = tuple(x.new_empty(shape, dtype=dtype) for shape, dtype in outs)
+        return outs if spec is not None else outs[0]
 
-
-def _quant_outputs(x, shape, qkind, rowwise, columnwise, rest=()):
-    """The six outputs of a quantizing op with output shape `shape`. `rest`: the spec fields after `columnwise`
-    that the caller passed (qflags, amax_epsilon, block_dim, ...)."""
-    if qkind == QKIND_NONE:
-        e32 = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
-        return (x.new_empty(shape), e32(), e32(), e32(), e32(), e32())
-    fn = _FAKE_OUTPUTS.get(qkind)
-    if fn is None:
-        raise NotImplementedError(f"quantizer kind {qkind} is not available in this build yet")
-    return fn(x, shape, rowwise, columnwise, rest)
-
-
-@torch.library.register_fake("te::act")
-def _act_fake(x, act, *rest):
-    return x.new_empty(_fwd_shape(x, act))
+    torch.library.register_fake(f"te::{op}")(fake)
 
 
-@torch.library.register_fake("te::dact")
-def _dact_fake(grad, x, act, *rest):
-    _one_device("dact", grad, x)
-    return x.new_empty(x.shape)
-
-
-@torch.library.register_fake("te::act_quantize")
-def _act_quantize_fake(x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, *rest):
-    _one_device("act_quantize", x, *rest)
-    return _quant_outputs(x, _fwd_shape(x, act), qkind, rowwise, columnwise, rest)
-
-
-@torch.library.register_fake("te::dact_quantize")
-def _dact_quantize_fake(grad, x, act, limit, alpha, offset, qkind, qdtype, rowwise, columnwise, *rest):
-    _one_device("dact_quantize", grad, x, *rest)
-    return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
-
-
-def _dbias(x, shape):
-    return x.new_empty((shape[-1] if shape else 1,))
-
-
-@torch.library.register_fake("te::dbias_dact")
-def _dbias_dact_fake(grad, x, act, qkind, qdtype, rowwise, columnwise, *rest):
-    _one_device("dbias_dact", grad, x, *rest)
-    return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
-
-
-@torch.library.register_fake("te::quantize")
-def _quantize_fake(x, qkind, qdtype, rowwise, columnwise, *rest):
-    _one_device("quantize", x, *rest)
-    return _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
-
-
-@torch.library.register_fake("te::bgrad_quantize")
-def _bgrad_quantize_fake(x, qkind, qdtype, rowwise, columnwise, *rest):
-    _one_device("bgrad_quantize", x, *rest)
-    return (_dbias(x, list(x.shape)),) + _quant_outputs(x, list(x.shape), qkind, rowwise, columnwise, rest)
+for _op in ("act", "dact", "act_quantize", "dact_quantize", "dbias_dact", "quantize", "bgrad_quantize"):
+    _register_planned_fake(_op)
 
 
 @torch.library.register_fake("te::quantize_into")

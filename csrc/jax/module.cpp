@@ -84,8 +84,11 @@ te::ops::Shape shape_of(const std::vector<int64_t>& dims, const char* op) {
 
 // The plan of one call as plain Python data: {"pieces": [(present, dtype code, shape) x 7 in te::ops::Piece
 // order], "workspace_bytes": n}. x_shape is the core's (gated: [..., 2H]); grad_shape empty without grad.
+// any_device: one plan for every platform the trace may lower to (PlanOptions::any_device: the workspace is the
+// largest); `cuda` then names only the device of messages.
 py::dict plan_act(const std::string& op, int64_t act, bool backward, bool with_dbias, const std::vector<int64_t>& x_shape,
-                  int64_t x_dtype, const std::vector<int64_t>& grad_shape, const QuantizerAttrs& q, bool cuda) {
+                  int64_t x_dtype, const std::vector<int64_t>& grad_shape, const QuantizerAttrs& q, bool cuda,
+                  bool any_device) {
   te::ops::ActRequest r;
   r.op = op.c_str();
   r.kind = act < 0 ? te::ActKind::kIdentity : te::ops::act_kind(r.op, act);
@@ -102,7 +105,9 @@ py::dict plan_act(const std::string& op, int64_t act, bool backward, bool with_d
   ctx.cuda = cuda;
   ctx.arch = cuda ? "cuda" : "cpu";
   const te::ops::QuantSpec spec = spec_of(r.op, q);
-  const te::ops::ActPlan plan = te::ops::plan_act(r, spec, ctx, plan_options(spec, q));
+  te::ops::PlanOptions opt = plan_options(spec, q);
+  opt.any_device = any_device;
+  const te::ops::ActPlan plan = te::ops::plan_act(r, spec, ctx, opt);
   py::list pieces;
   for (int i = 0; i < te::ops::kNumPieces; ++i) {
     const te::ops::PiecePlan& p = plan.pieces[i];
@@ -282,7 +287,11 @@ PYBIND11_MODULE(_ffi, m) {
   m.def("plan_grouped_gemm", &te_jax::plan_grouped_gemm, py::arg("inputs"), py::arg("rhs_kn"), py::arg("out_dtype"),
         py::arg("cuda"), py::arg("use_split_accumulator") = true, py::arg("wgrad") = false);
   m.def("plan_act", &te_jax::plan_act, py::arg("op"), py::arg("act"), py::arg("backward"), py::arg("with_dbias"),
-        py::arg("x_shape"), py::arg("x_dtype"), py::arg("grad_shape"), py::arg("quantizer"), py::arg("cuda"));
+        py::arg("x_shape"), py::arg("x_dtype"), py::arg("grad_shape"), py::arg("quantizer"), py::arg("cuda"),
+        py::arg("any_device") = false);
+  // Debug counter (te::ops::plan_act_calls): the core's activation/cast plans made by this library so far, the
+  // handlers' run-time plans and the trace-time ones above alike.
+  m.def("plan_act_calls", &te::ops::plan_act_calls);
   m.def("plan_collective_gemm", &te_jax::plan_collective_gemm, py::arg("inputs"), py::arg("kind"), py::arg("tp"),
         py::arg("out_dtype"), py::arg("use_split_accumulator"), py::arg("sm_margin"), py::arg("keep_gathered"),
         py::arg("w_kn"), py::arg("cuda"));

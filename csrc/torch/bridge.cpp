@@ -24,24 +24,29 @@ std::string shape_str(const Tensor& t) { return shape_str(t.sizes()); }
 
 std::string dtype_name(at::ScalarType s) { return c10::toString(s); }
 
-std::string arch_name(const Tensor& t) {
+std::string arch_name(c10::Device device) {
   te::ops::ExecCtx ctx;
-  ctx.cuda = t.is_cuda();
-  ctx.device_index = t.get_device();
+  ctx.cuda = device.is_cuda();
+  ctx.device_index = device.is_cuda() ? device.index() : -1;
   return te::ops::arch_name(ctx);
 }
+std::string arch_name(const Tensor& t) { return arch_name(t.device()); }
 
-te::DType input_dtype(const Tensor& t, const char* op, const char* what) {
-  switch (t.scalar_type()) {
+te::DType input_dtype(at::ScalarType s, c10::IntArrayRef sizes, c10::Device device, const char* op,
+                      const char* what) {
+  switch (s) {
     case at::kFloat: return te::DType::kFloat32;
     case at::kHalf: return te::DType::kFloat16;
     case at::kBFloat16: return te::DType::kBFloat16;
     default: break;
   }
-  const std::string where = arch_name(t);
-  TORCH_CHECK_TYPE(false, op, ": ", what, " must be float32, float16 or bfloat16, got ", dtype_name(t.scalar_type()),
-                   " with shape ", shape_str(t), " on ", where);
+  const std::string where = arch_name(device);
+  TORCH_CHECK_TYPE(false, op, ": ", what, " must be float32, float16 or bfloat16, got ", dtype_name(s),
+                   " with shape ", shape_str(sizes), " on ", where);
   return te::DType::kFloat32;  // not reached
+}
+te::DType input_dtype(const Tensor& t, const char* op, const char* what) {
+  return input_dtype(t.scalar_type(), t.sizes(), t.device(), op, what);
 }
 
 // A torch tensor's element type as the core's DType (the core checks it against the argument's role); a type the core
@@ -106,16 +111,21 @@ te::ops::ExecCtx exec_ctx(const Tensor& ref) {
   return ctx;
 }
 
-te::ops::TensorView view_of(const Tensor& t, te::DType dtype, const char* op) {
-  const int64_t nd = t.dim();
+te::ops::Shape shape_of(c10::IntArrayRef sizes, c10::Device device, const char* op) {
+  const int64_t nd = int64_t(sizes.size());
   TORCH_CHECK_VALUE(nd <= te::ops::kMaxDims, op, ": tensors of at most ", std::to_string(te::ops::kMaxDims),
-                    " dims are supported, got ", shape_str(t), " on ", t.device().str(), "; flatten leading dims");
+                    " dims are supported, got ", shape_str(sizes), " on ", device.str(), "; flatten leading dims");
+  te::ops::Shape s;
+  s.ndim = int(nd);
+  for (int64_t i = 0; i < nd; ++i) s.dims[i] = sizes[i];
+  return s;
+}
+
+te::ops::TensorView view_of(const Tensor& t, te::DType dtype, const char* op) {
   te::ops::TensorView v;
+  v.shape = shape_of(t.sizes(), t.device(), op);
   v.data = t.data_ptr();
   v.dtype = dtype;
-  v.shape.ndim = int(nd);
-  const auto sizes = t.sizes();
-  for (int64_t i = 0; i < nd; ++i) v.shape.dims[i] = sizes[i];
   return v;
 }
 

@@ -29,6 +29,14 @@
 #define TE_IMPL_CPU_AND_CUDA(register_fn) TORCH_LIBRARY_IMPL(te, CPU, m) { register_fn(m); }
 #endif
 
+// Makes `t`'s device current for the rest of the scope (CUDA tensors; nothing for CPU ones or in a CPU-only build).
+#if defined(TE_WITH_CUDA)
+#define TE_DEVICE_GUARD(t) \
+  const c10::cuda::OptionalCUDAGuard guard((t).is_cuda() ? c10::optional<c10::Device>((t).device()) : c10::nullopt)
+#else
+#define TE_DEVICE_GUARD(t) (void)0
+#endif
+
 namespace te_torch {
 
 using at::Tensor;
@@ -37,9 +45,12 @@ std::string shape_str(const Tensor& t);
 std::string shape_str(c10::IntArrayRef sizes);
 std::string dtype_name(at::ScalarType s);
 std::string arch_name(const Tensor& t);  // "cpu" or "sm_90"
+std::string arch_name(c10::Device device);
 
-// float32/float16/bfloat16 -> core DType; anything else raises TypeError naming `what` and `op`.
+// float32/float16/bfloat16 -> core DType; anything else raises TypeError naming `what` and `op`. The second form
+// takes a tensor's dtype, sizes and device alone (the fake kernels' planner, which has no tensor).
 te::DType input_dtype(const Tensor& t, const char* op, const char* what);
+te::DType input_dtype(at::ScalarType s, c10::IntArrayRef sizes, c10::Device device, const char* op, const char* what);
 at::ScalarType scalar_type_of(te::DType d);
 // A tensor's element type as the core's DType (FP8 dtypes included, uint8 as kByte); a type no GEMM argument takes
 // raises TypeError naming `what` and `op`. The core then checks it against the argument's role.
@@ -51,6 +62,8 @@ te::ops::ExecCtx exec_ctx(const Tensor& ref);
 // A contiguous tensor as the core's view (dtype: its core DType, which the caller has checked). More than
 // te::ops::kMaxDims dims raises ValueError naming `op`.
 te::ops::TensorView view_of(const Tensor& t, te::DType dtype, const char* op);
+// The sizes of a tensor on `device` as the core's shape (view_of's shape; the same check and message).
+te::ops::Shape shape_of(c10::IntArrayRef sizes, c10::Device device, const char* op);
 // Raises the core's typed error as the Python exception of its kind (ValueError, TypeError, NotImplementedError,
 // RuntimeError), with the core's message unchanged.
 [[noreturn]] void throw_torch(const te::Error& e);
@@ -79,6 +92,30 @@ Tensor new_empty(c10::IntArrayRef shape, const at::TensorOptions& options);
 Tensor new_empty_in_guard(c10::IntArrayRef shape, const at::TensorOptions& options);
 // A 0-element tensor of `dtype` on ref's device, made without any CUDA call (the absent pieces of a quantizing op).
 Tensor new_placeholder(const Tensor& ref, at::ScalarType dtype);
+
+// The outputs of one call of the activation / cast family as the core plans it, without a device or any data: the
+// fake kernels' shapes (transformer_engine_torch/_ops.py through `_C.plan_outputs`), made by the same request
+// building, checks and planner as the eager op (activation.cpp), so the tree has one set of shape rules.
+struct MetaTensor {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype = at::kFloat;
+  c10::Device device = c10::Device(c10::kCPU);
+};
+struct MetaSpec {  // the quantizer spec arguments of SPEC §1.4, its tensors as present / absent
+  int64_t qkind = 0, qdtype = 0;
+  bool rowwise = true, columnwise = true;
+  int64_t qflags = 0;
+  double amax_epsilon = 0.0;
+  int64_t block_dim = 1;
+  bool has_scale = false, has_amax = false;
+};
+// The op's returned tensors in order, as (sizes, dtype); `op` is a te op of the family that returns tensors (act,
+// dact, act_quantize, dact_quantize, dbias_dact, quantize, bgrad_quantize). `spec` is required for the quantizing
+// ops; `grad` for the backward ones.
+std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> plan_outputs(const std::string& op, int64_t act,
+                                                                          const MetaTensor& x,
+                                                                          const c10::optional<MetaTensor>& grad,
+                                                                          const c10::optional<MetaSpec>& spec);
 
 #if defined(TE_WITH_CUDA)
 inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream(); }

@@ -6,13 +6,6 @@
 namespace te_torch {
 namespace {
 
-#if defined(TE_WITH_CUDA)
-#define TE_DEVICE_GUARD(t) \
-  const c10::cuda::OptionalCUDAGuard guard((t).is_cuda() ? c10::optional<c10::Device>((t).device()) : c10::nullopt)
-#else
-#define TE_DEVICE_GUARD(t) (void)0
-#endif
-
 bool fp8_is_e4m3(const char* op, int64_t fp8_dtype) {
   TORCH_CHECK_VALUE(fp8_dtype == int64_t(te::DType::kFloat8E4M3) || fp8_dtype == int64_t(te::DType::kFloat8E5M2), op,
                     ": fp8_dtype must be kFloat8E4M3 (7) or kFloat8E5M2 (8), got ", std::to_string(fp8_dtype));

@@ -17,10 +17,13 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "../core/gemm/gemm.h"
+#include "../core/ops/plan.h"
+#include "bridge.h"
 
 #include <memory>
 #include <optional>
@@ -243,6 +246,90 @@ PyObject* cublaslt_version(PyObject* /*module*/, PyObject* /*unused*/) {
 #endif
 }
 
+// `plan_act_calls()`: te::ops::plan_act_calls(), the plans this library's core has made (a debug counter: the tests
+// that each call plans once).
+PyObject* plan_act_calls(PyObject* /*module*/, PyObject* /*unused*/) {
+  return PyLong_FromLongLong(te::ops::plan_act_calls());
+}
+
+// (sizes, dtype, device) as the planner's tensor; false with a Python error set when it is not one.
+bool meta_tensor(PyObject* obj, MetaTensor& t) {
+  PyObject* sizes = nullptr;
+  PyObject* dtype = nullptr;
+  const char* device = nullptr;
+  if (!PyArg_ParseTuple(obj, "OO!s", &sizes, &THPDtypeType, &dtype, &device)) return false;
+  PyObject* seq = PySequence_Fast(sizes, "plan_outputs: sizes must be a sequence of ints");
+  if (seq == nullptr) return false;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  t.sizes.resize(size_t(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    t.sizes[size_t(i)] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+    if (t.sizes[size_t(i)] == -1 && PyErr_Occurred()) {
+      Py_DECREF(seq);
+      return false;
+    }
+  }
+  Py_DECREF(seq);
+  t.dtype = reinterpret_cast<THPDtype*>(dtype)->scalar_type;
+  t.device = c10::Device(std::string(device));
+  return true;
+}
+
+// `plan_outputs(op, act, x, grad, spec)`: the (sizes, dtype) of each tensor the te op `op` returns, from the core's
+// plan of the call (bridge.h plan_outputs); the fake kernels' shapes. x, grad: (sizes, dtype, device string) or
+// None; spec: (qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, has_scale, has_amax) or None.
+PyObject* plan_outputs_py(PyObject* /*module*/, PyObject* args) {
+  HANDLE_TH_ERRORS
+  const char* op = nullptr;
+  long long act = 0;
+  PyObject *x_obj = nullptr, *grad_obj = nullptr, *spec_obj = nullptr;
+  if (!PyArg_ParseTuple(args, "sLO!OO", &op, &act, &PyTuple_Type, &x_obj, &grad_obj, &spec_obj)) return nullptr;
+  MetaTensor x;
+  if (!meta_tensor(x_obj, x)) return nullptr;
+  c10::optional<MetaTensor> grad;
+  if (grad_obj != Py_None) {
+    grad.emplace();
+    if (!meta_tensor(grad_obj, *grad)) return nullptr;
+  }
+  c10::optional<MetaSpec> spec;
+  if (spec_obj != Py_None) {
+    MetaSpec m;
+    long long qkind = 0, qdtype = 0, qflags = 0, block_dim = 1;
+    int rowwise = 1, columnwise = 1, has_scale = 0, has_amax = 0;
+    if (!PyArg_ParseTuple(spec_obj, "LLppLdLpp", &qkind, &qdtype, &rowwise, &columnwise, &qflags, &m.amax_epsilon,
+                          &block_dim, &has_scale, &has_amax)) {
+      return nullptr;
+    }
+    m.qkind = qkind;
+    m.qdtype = qdtype;
+    m.rowwise = rowwise != 0;
+    m.columnwise = columnwise != 0;
+    m.qflags = qflags;
+    m.block_dim = block_dim;
+    m.has_scale = has_scale != 0;
+    m.has_amax = has_amax != 0;
+    spec = m;
+  }
+  PyObject* result = PyList_New(0);
+  if (result == nullptr) return nullptr;
+  for (const auto& [sizes, dtype] : plan_outputs(op, int64_t(act), x, grad, spec)) {
+    PyObject* shape = PyTuple_New(Py_ssize_t(sizes.size()));
+    for (size_t j = 0; shape != nullptr && j < sizes.size(); ++j) {
+      PyTuple_SET_ITEM(shape, Py_ssize_t(j), PyLong_FromLongLong(sizes[j]));
+    }
+    // "N" hands the shape's reference to the pair, "O" takes one of the (registry-owned) dtype.
+    PyObject* pair = shape != nullptr ? Py_BuildValue("(NO)", shape, torch::getTHPDtype(dtype)) : nullptr;
+    const bool ok = pair != nullptr && PyList_Append(result, pair) == 0;
+    Py_XDECREF(pair);
+    if (!ok) {
+      Py_DECREF(result);
+      return nullptr;
+    }
+  }
+  return result;
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef methods[] = {
     {"built_with_cuda", &built_with_cuda, METH_NOARGS, "built_with_cuda(): whether this build has the CUDA kernels."},
     {"cublaslt_version", &cublaslt_version, METH_NOARGS,
@@ -251,13 +338,19 @@ PyMethodDef methods[] = {
      "call(op, args, keep=-1): op(*args) for an OpOverload of the te library and a tuple of positional arguments, "
      "converted by the op's schema; outputs outside the `keep` bit mask may come back as None (the wrappers' eager fast "
      "path; dynamo traces the op itself)."},
+    {"plan_act_calls", &plan_act_calls, METH_NOARGS,
+     "plan_act_calls(): how many activation / cast plans this library's core has made (a debug counter)."},
+    {"plan_outputs", &plan_outputs_py, METH_VARARGS,
+     "plan_outputs(op, act, x, grad, spec): the (sizes, dtype) of each tensor the te op returns, from the core's "
+     "plan of the call without a device (the fake kernels' shapes)."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
 }  // namespace te_torch
 
-// `import transformer_engine_torch._C` loads the library (and with it the op registrations); the module holds only
-// `call`, so nothing but tensors, scalars and dtypes ever crosses into C++.
+// `import transformer_engine_torch._C` loads the library (and with it the op registrations); the module holds
+// `call`, the build constants and the planner's entries for the fake kernels (plan_outputs, plan_act_calls), so
+// nothing but tensors, scalars, dtypes and shapes ever crosses into C++.
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, te_torch::methods};
   return PyModule_Create(&module_def);

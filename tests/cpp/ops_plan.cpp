@@ -128,6 +128,38 @@ int main() {
     expect(piece_is(db, kGradBias, DType::kFloat32, Shape::of(16)), "dbias_fp32 grad_bias");
     std::puts("sharded ok");
   }
+  {  // One plan per call: the counter moves once per plan_act. any_device: the largest workspace (CUDA's one-launch
+     // amax slots) with the shapes every device gets. write_*: checked for the whole usage, laid out for one copy.
+    QuantSpec s = make_spec("quantize", 2, 7, true, false, 0, 0.0, 1, false, false);
+    const ActRequest r = request("quantize", ActKind::kIdentity, false, false, Shape::of(3, 5), DType::kFloat32);
+    PlanOptions exact;
+    exact.exact_outputs = true;
+    PlanOptions any = exact;
+    any.any_device = true;
+    const int64_t before = plan_act_calls();
+    const ActPlan on_cpu = plan_act(r, s, cpu, exact);
+    const ActPlan on_cuda = plan_act(r, s, cuda, exact);
+    const ActPlan anywhere = plan_act(r, s, cpu, any);
+    expect(plan_act_calls() - before == 3, "counter");
+    expect(anywhere.workspace_bytes == on_cuda.workspace_bytes && anywhere.workspace_bytes > on_cpu.workspace_bytes,
+           "any_device workspace");
+    for (int p = 0; p < kNumPieces; ++p) {
+      expect(anywhere.pieces[p].present == on_cpu.pieces[p].present && anywhere.pieces[p].shape == on_cpu.pieces[p].shape,
+             "any_device shapes");
+    }
+    QuantSpec nv = make_spec("quantize", 4, 10, true, true, 0, 0.0, 1, false, false);
+    PlanOptions row_only = exact;
+    row_only.write_columnwise = false;
+    const ActRequest rows8 = request("quantize", ActKind::kIdentity, false, false, Shape::of(8, 32), DType::kFloat32);
+    expect_error([&] { plan_act(rows8, nv, cpu, row_only); }, ErrorKind::kValue,
+                 "quantize: NVFP4 columnwise usage quantizes 16x1 blocks", "write_rowwise checks the whole usage");
+    const ActPlan one = plan_act(request("quantize", ActKind::kIdentity, false, false, Shape::of(16, 32),
+                                         DType::kFloat32), nv, cpu, row_only);
+    expect(one.spec.rowwise && !one.spec.columnwise && piece_is(one, kRowData, DType::kByte, Shape::of(16, 16)) &&
+               !one.pieces[kColData].present && !one.pieces[kAmaxCol].present,
+           "write_rowwise lays out the rowwise copy");
+    std::puts("once ok");
+  }
   {  // The checks raise typed errors with the op's name first.
     expect_error([&] { plan_act(request("act", ActKind::kGeglu, false, false, Shape::of(4, 5), DType::kFloat32),
                                 QuantSpec{}, cpu); },

@@ -20,4 +20,4 @@ def test_ops_plan_without_torch(tmp_path):
     run = subprocess.run([exe], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["mxfp8", "ok", "fp8_current", "ok", "nvfp4", "ok", "dbias", "ok", "sharded", "ok",
-                                  "errors", "ok"]
+                                  "once", "ok", "errors", "ok"]

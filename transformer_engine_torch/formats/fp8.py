@@ -8,7 +8,6 @@ import warnings
 
 import torch
 
-from .._ops import register_fake_outputs
 from ..dtypes import DType, as_fp8_dtype, to_torch_dtype
 from .base import QFLAG_POW2, Quantizer, QuantizedTensor, _transposed_shape, _untransposed_shape, register_format
 
@@ -273,15 +272,6 @@ class Float8CurrentScalingQuantizer(_Float8PerTensorQuantizer):
     def _config(self):
         return super()._config() + (self.dtype, self.with_amax_reduction, id(self.amax_reduction_group),
                                     self.force_pow_2_scales, self.amax_epsilon)
-
-
-@register_fake_outputs(QKIND_FP8_DELAYED, QKIND_FP8_CURRENT)
-def _fake_outputs(x, shape, rowwise, columnwise, rest):
-    """Data in the tensor's shape, the float32 [1] scale_inv, the transposed data; the rest empty."""
-    u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
-    e32 = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
-    return (u8(shape) if rowwise else u8((0,)), x.new_empty((1,), dtype=torch.float32),
-            u8(_transposed_shape(shape)) if columnwise else u8((0,)), e32(), e32(), e32())
 
 
 register_format(Float8Tensor, Float8Quantizer, Float8CurrentScalingQuantizer)

@@ -7,7 +7,6 @@ import math
 
 import torch
 
-from .._ops import register_fake_outputs
 from ..dtypes import DType, as_fp8_dtype, to_torch_dtype
 from .base import (QFLAG_2D, QFLAG_POW2, NativeGemm, Quantizer, _ceil_div, _rows_cols, _roundup, _transposed_shape,
                    _TwoCopyTensor, _untransposed_shape, register_format)
@@ -208,18 +207,6 @@ class Float8BlockQuantizer(Quantizer):
 
     def _config(self):
         return super()._config() + (self.dtype, self.block_scaling_dim, self.amax_epsilon, self.force_pow_2_scales)
-
-
-@register_fake_outputs(QKIND_FP8_BLOCK)
-def _fake_outputs(x, shape, rowwise, columnwise, rest):
-    """Rowwise data in the tensor's shape, columnwise data transposed, float32 scales of the SPEC §4.8 shapes."""
-    block_dim = rest[2] if len(rest) > 2 else 1
-    u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
-    f32 = lambda s: x.new_empty(s, dtype=torch.float32)  # noqa: E731
-    e32 = lambda: f32((0,))  # noqa: E731
-    rs, cs = fp8_block_scale_shapes(shape, block_dim == 2)
-    return (u8(shape) if rowwise else u8((0,)), f32(rs) if rowwise else e32(),
-            u8(_transposed_shape(shape)) if columnwise else u8((0,)), f32(cs) if columnwise else e32(), e32(), e32())
 
 
 register_format(Float8BlockwiseQTensor, Float8BlockQuantizer)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import torch
 
-from .._ops import register_fake_outputs
 from ..dtypes import DType, as_fp8_dtype, to_torch_dtype
 from .base import (QFLAG_SWIZZLED, NativeGemm, Quantizer, _ceil_div, _rows_cols, _roundup, _swizzle, _TwoCopyTensor,
                    register_format)
@@ -188,16 +187,6 @@ class MXFP8Quantizer(Quantizer):
 
     def _config(self):
         return super()._config() + (self.dtype, self.with_2d_quantization)
-
-
-@register_fake_outputs(QKIND_MXFP8)
-def _fake_outputs(x, shape, rowwise, columnwise, rest):
-    """Data in the tensor's shape (both copies), uint8 E8M0 scales of the padded SPEC §4.8 shapes."""
-    u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
-    e32 = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
-    rs, cs = mxfp8_scale_shapes(shape)
-    return (u8(shape) if rowwise else u8((0,)), u8(rs) if rowwise else e32(),
-            u8(shape) if columnwise else u8((0,)), u8(cs) if columnwise else e32(), e32(), e32())
 
 
 register_format(MXFP8Tensor, MXFP8Quantizer)

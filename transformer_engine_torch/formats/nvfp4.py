@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from .._ops import register_fake_outputs
 from ..dtypes import DType, as_dtype, to_torch_dtype
 from .base import (QFLAG_2D, QFLAG_RANDOM_SIGN, QFLAG_RHT, QFLAG_SR, QFLAG_SWIZZLED, NativeGemm, Quantizer,
                    _rows_cols, _roundup, _swizzle, _TwoCopyTensor, register_format)
@@ -334,20 +333,6 @@ class NVFP4Quantizer(Quantizer):
     def _config(self):
         return super()._config() + (self.with_rht, self.with_post_rht_amax, self.with_2d_quantization,
                                     self.stochastic_rounding, self.with_random_sign_mask)
-
-
-@register_fake_outputs(QKIND_NVFP4)
-def _fake_outputs(x, shape, rowwise, columnwise, rest):
-    """Packed E2M1 data (rowwise shape[:-1] + (K/2,), columnwise 2-D [K, M/2]), uint8 E4M3 scales of the padded
-    SPEC §4.8 shapes, float32 [1] amaxes, each present with its usage."""
-    u8 = lambda s: x.new_empty(s, dtype=torch.uint8)  # noqa: E731
-    f1 = lambda: x.new_empty((1,), dtype=torch.float32)  # noqa: E731
-    e32 = lambda: x.new_empty((0,), dtype=torch.float32)  # noqa: E731
-    rs, cs = nvfp4_scale_shapes(shape)
-    rd, cd = nvfp4_data_shapes(shape)
-    return (u8(rd) if rowwise else u8((0,)), u8(rs) if rowwise else e32(),
-            u8(cd) if columnwise else u8((0,)), u8(cs) if columnwise else e32(),
-            f1() if rowwise else e32(), f1() if columnwise else e32())
 
 
 register_format(NVFP4Tensor, NVFP4Quantizer)

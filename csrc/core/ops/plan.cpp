@@ -2,6 +2,8 @@
 // Check order and message text are those the torch tests match (tests/test_errors.py, tests/test_bad_inputs.py).
 #include "plan.h"
 
+#include <atomic>
+
 #include "../formats/fp8_block/quantize_fp8_block.h"
 #include "../producers/mxfp8/quantize_mxfp8.h"
 
@@ -310,7 +312,7 @@ void plan_pieces(ActPlan& pl, PlanOptions opt, WorkspaceLayout& ws) {
       // per-block maxima in slots after it when a small rowwise cast runs as one cooperative CUDA launch).
       pl.amax_pass = spec.kind == QuantKind::kFp8Current && spec.amax == nullptr;
       if (!pl.amax_pass) break;
-      const bool one_launch = pl.cuda && !spec.columnwise && pl.rows * pl.out_cols <= kOneLaunchMaxElems;
+      const bool one_launch = (pl.cuda || opt.any_device) && !spec.columnwise && pl.rows * pl.out_cols <= kOneLaunchMaxElems;
       pl.amax_slots = one_launch ? kOneLaunchAmaxSlots : 0;
       if (opt.current_amax_out) {
         set_piece(pl, kAmaxRow, DType::kFloat32, Shape::of(1));
@@ -375,9 +377,14 @@ void plan_pieces(ActPlan& pl, PlanOptions opt, WorkspaceLayout& ws) {
   }
 }
 
+std::atomic<int64_t> g_plan_act_calls{0};
+
 }  // namespace
 
+int64_t plan_act_calls() { return g_plan_act_calls.load(std::memory_order_relaxed); }
+
 ActPlan plan_act(const ActRequest& r, const QuantSpec& spec, const ExecCtx& ctx, PlanOptions opt) {
+  g_plan_act_calls.fetch_add(1, std::memory_order_relaxed);
   ActPlan pl;
   pl.req = r;
   pl.spec = spec;
@@ -405,6 +412,8 @@ ActPlan plan_act(const ActRequest& r, const QuantSpec& spec, const ExecCtx& ctx,
                                          "4 NVFP4, 5 FP8 block"));
   }
   pl.path = choose_fusion_path(spec);
+  pl.spec.rowwise = pl.spec.rowwise && opt.write_rowwise;
+  pl.spec.columnwise = pl.spec.columnwise && opt.write_columnwise;
   plan_pieces(pl, opt, ws);
   pl.workspace_bytes = ws.bytes;
   return pl;

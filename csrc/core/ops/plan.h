@@ -82,9 +82,25 @@ struct PlanOptions {
   // input dtype, for the frontend to add over the devices and round once.
   bool amax_only = false;
   bool dbias_fp32 = false;
+  // A plan for no device in particular (JAX's trace, which lowers for any platform): the shapes, dtypes and checks
+  // are every device's (they never depend on it); the workspace is the most any device kind needs (CUDA's
+  // one-launch amax slots). ctx.cuda still names the device of messages.
+  bool any_device = false;
+  // The copies the caller has buffers for (an in-place quantize into an existing tensor): the request is checked
+  // for the quantizer's whole usage, but only these copies are laid out and written (plan.spec's usage is narrowed).
+  bool write_rowwise = true;
+  bool write_columnwise = true;
 };
 
+// Plans one call. Each frontend call plans exactly once: the plan it runs (run_act) is this one, never re-made; a
+// frontend that only needs the outputs' shapes (torch's fake kernels, JAX's trace) runs the same planner with a
+// context that has no stream. The planner reads no device state: ctx gives the device kind and, for messages, its
+// index or arch.
 ActPlan plan_act(const ActRequest& r, const QuantSpec& spec, const ExecCtx& ctx, PlanOptions opt = {});
+
+// How many times plan_act has run in this process (this library's copy of the core): a debug counter for the tests
+// that each call plans once (`_C.plan_act_calls()`, `_ffi.plan_act_calls()`).
+int64_t plan_act_calls();
 
 // The quantizer spec of the op arguments (SPEC §1.4), checked (kind, dtype, usage, flags, block_dim, epsilon,
 // whether delayed scaling has its scale and amax); the pointers stay null for the frontend to fill in after it has
