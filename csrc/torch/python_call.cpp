@@ -254,11 +254,16 @@ PyMethodDef methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
+
+extern PyMethodDef format_methods[];  // format_table.cpp
 }  // namespace te_torch
 
-// `import transformer_engine_torch._C` loads the library (and with it the op registrations); the module holds only
-// `call`, so nothing but tensors, scalars and dtypes ever crosses into C++.
+// `import transformer_engine_torch._C` loads the library (and with it the op registrations); the module holds
+// `call`, the build constants and the format table's readers (format_table.cpp), so nothing but tensors, scalars,
+// dtypes and plain Python values ever crosses into C++.
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, te_torch::methods};
-  return PyModule_Create(&module_def);
+  PyObject* m = PyModule_Create(&module_def);
+  if (m != nullptr && PyModule_AddFunctions(m, te_torch::format_methods) != 0) Py_CLEAR(m);
+  return m;
 }
