@@ -12,6 +12,7 @@ bind them (csrc/jax/activation.cpp):
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import NamedTuple
 
@@ -194,19 +195,25 @@ def _scaled(out, pieces, quantizer, shape, dtype):
 
 
 # ---- Partitioned calls (sharding.py) --------------------------------------------------------------------------
-# Where x's rows run in each piece (SPEC §4.8 layouts): the axis of data, colwise data, scale_inv and colwise scale_inv
-# at which x's leading dims (per-tensor scaling, no quantizer) or its row groups (block scales) start; None: the piece
-# does not depend on the rows.
-_ROWS_AT = {
-    ScalingMode.NO_SCALING: (0, None, None, None),
-    ScalingMode.DELAYED_TENSOR_SCALING: (0, 1, None, None),
-    ScalingMode.CURRENT_TENSOR_SCALING: (0, 1, None, None),
-    ScalingMode.MXFP8_1D_SCALING: (0, 0, 0, 0),
-    ScalingMode.NVFP4_1D_SCALING: (0, 1, 0, 1),
-    ScalingMode.NVFP4_2D_SCALING: (0, 1, 0, 1),
-    ScalingMode.BLOCK_SCALING_1x128: (0, 1, 1, 0),
-    ScalingMode.BLOCK_SCALING_128x128: (0, 1, 0, 1),
-}
+def _rows_at(row: dict) -> tuple:
+    """Where x's rows run in each piece (the format table's layouts, SPEC §4.8): the axis of data, colwise data,
+    scale_inv and colwise scale_inv at which x's leading dims (per-tensor scaling, no quantizer) or its row groups
+    (block scales) start: axis 1 of a transposed copy, the scale matrix's dim whose source is the rows; None: the
+    piece does not depend on the rows."""
+    data = tuple(None if c is None else int(c["transposed"]) for c in (row["row"], row["col"]))
+    scale = tuple(None if c is None or c["scale_rank"] < 2 else [d[0] for d in c["scale"]].index(0)
+                  for c in (row["row"], row["col"]))
+    return data + scale
+
+
+def _rows_group(row: dict) -> int:
+    """The row padding of the format's scale matrices (SPEC §4.8: 128 rows; 512 for 128x128 tiles, whose colwise
+    scale pads ceil(M/128) to 4): whole groups of it give scale rows that concatenate into the unsharded ones."""
+    return math.lcm(1, *(d[1] * d[2] for c in (row["row"], row["col"]) if c and c["scale_rank"] == 2
+                         for d in c["scale"] if d[0] == 0))
+
+
+_ROWS_AT = {m: _rows_at(m.format_row) for m in ScalingMode}
 _NVFP4 = (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
 # The modes whose scale comes from the tensor's amax: a sharded call reduces the shards' amaxes first.
 _GLOBAL_AMAX = (ScalingMode.CURRENT_TENSOR_SCALING, *_NVFP4)
@@ -228,7 +235,7 @@ def _row_group(quantizer, rows: int):
         return 0
     if quantizer.use_rht or quantizer.stochastic_rounding or quantizer.ffi_attrs()["flags"] & FLAG_SWIZZLED:
         return None
-    group = 512 if mode == ScalingMode.BLOCK_SCALING_128x128 else 128
+    group = _rows_group(mode.format_row)
     return group if rows % group == 0 else None
 
 

@@ -1,8 +1,9 @@
 """Dequantize a ScaledTensor: fl(code * scale) in float32, rounded once to the requested dtype, as the torch
 frontend's quantized tensors do (SPEC §4.9), from the rowwise copy when there is one, else from the colwise copy.
-The scale layouts are SPEC §4.8's (unswizzled: tej quantizers write compact scales). NVFP4 decodes with the torch
+The scale layouts, block shapes and decode rules are the core's format table's (csrc/core/formats/table.h, read at
+import through `ScalingMode.format_row`; compact scales: tej quantizers write them). NVFP4 decodes with the torch
 frontend's factors (`nvfp4_decode_factors` in transformer_engine_torch/formats/nvfp4.py), op for op, so the bytes
-match."""
+match; tests/test_format_table.py checks every decode against the core's host decode (`_ffi.format_decode`)."""
 from __future__ import annotations
 
 import functools
@@ -14,7 +15,9 @@ import numpy as np
 from . import _fp32
 from .quantizers import ScalingMode
 
-_MX, _FB, _NV = 32, 128, 16
+# The format table's decode rules (table.h DecodeRule) and the NVFP4 block length.
+_TENSOR_SCALE, _E8M0_BLOCK, _NVFP4, _F32_BLOCK = 1, 2, 3, 4
+_NV = ScalingMode.NVFP4_1D_SCALING.format_row["row"]["block"][1]
 _FLT_MAX = np.finfo(np.float32).max
 _INV_2688 = _fp32.const(np.float32(1) / np.float32(2688))  # fl(1/2688)
 _INV_FLT_MAX = _fp32.const(2.0 ** -128)                     # fl(1/FLT_MAX), subnormal
@@ -88,7 +91,8 @@ def dequantize(t, dtype=None):
     if data is None:
         raise ValueError(f"dequantize: the ScaledTensor ({mode.name}, shape {t.shape}) holds no data")
     m, k = _rows_cols(t.shape)
-    if mode in (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING):
+    row = mode.format_row
+    if row["decode"] == _NVFP4:
         # The colwise copy holds x^T [K, M] (SPEC §4.9) with its own amax; 1-D and 2-D decode alike (the 2-D tile
         # scale is written into every entry it covers).
         amax = t.colwise_amax if colwise else t.amax
@@ -97,20 +101,27 @@ def dequantize(t, dtype=None):
                              f"{'colwise_amax' if colwise else 'amax'}; NVFP4 decoding needs the copy's global amax")
         out = _dequantize_nvfp4(data, scale, amax, *((k, m) if colwise else (m, k))).astype(dtype)
         return (out.T if colwise else out).reshape(t.shape)
-    r, c = (k, m) if colwise and mode != ScalingMode.MXFP8_1D_SCALING else (m, k)  # the stored matrix
+    rule = row["col" if colwise else "row"]
+    r, c = (k, m) if rule["transposed"] else (m, k)  # the stored matrix
     v = data.reshape(r, c).astype(jnp.float32)
-    if mode in (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING):
+    if row["decode"] == _TENSOR_SCALE:
         f = scale.reshape(())
-    elif mode == ScalingMode.MXFP8_1D_SCALING:
-        if colwise:  # [roundup(ceil(M/32), 4), roundup(K, 128)]: 32x1 blocks down the rows
-            f = _expand(_e8m0(scale[:_ceil_div(m, _MX), :k]), m, k, _MX, 1)
-        else:        # [roundup(M, 128), roundup(K/32, 4)]
-            f = _expand(_e8m0(scale[:m, :_ceil_div(k, _MX)]), m, k, 1, _MX)
-    elif mode == ScalingMode.BLOCK_SCALING_128x128:
-        f = _expand(scale[:_ceil_div(r, _FB), :_ceil_div(c, _FB)], r, c, _FB, _FB)
-    else:  # 1x128 blocks along the stored rows; the scale matrix is [block, row]
-        f = _expand(scale[:_ceil_div(c, _FB), :r].T, r, c, 1, _FB)
+    else:  # one scale per block: entry [i, j] covers the elements whose sources (rows M / cols K) give i and j
+        f = _block_factors(scale, rule, m, k)
+        if row["decode"] == _E8M0_BLOCK:
+            f = _e8m0(f)
+        (src0, b0, _, _), (_, b1, _, _) = rule["scale"]
+        if (src0 == 0) == rule["transposed"]:   # the scale's first dim runs along the stored columns
+            f, b0, b1 = f.T, b1, b0
+        f = _expand(f, r, c, b0, b1)
     out = (v * f).astype(dtype)
-    if colwise and mode != ScalingMode.MXFP8_1D_SCALING:
+    if rule["transposed"]:
         out = out.T
     return out.reshape(t.shape)
+
+
+def _block_factors(scale, rule, m, k):
+    """The used entries of a compact scale matrix (the padding cut off): per dim, div(source, block)."""
+    n = [(m if src == 0 else k) // b if exact else _ceil_div(m if src == 0 else k, b)
+         for src, b, _, exact in rule["scale"]]
+    return scale[:n[0], :n[1]]

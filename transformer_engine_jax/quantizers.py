@@ -15,11 +15,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _fp32
+from . import _ffi, _fp32
+
+# The core's format table (csrc/core/formats/table.h), one dict per format id: name, element types, block shapes,
+# scale type, scale- and data-shape rules of each copy, decode rule. Read once; tej's shape and decode constants
+# come from it.
+FORMATS = tuple(_ffi.format_table())
 
 
 class ScalingMode(enum.IntEnum):
-    """The scaling recipe of a quantized tensor (csrc/jax/quantizer_attrs.h maps it to the core's quantizer)."""
+    """The scaling recipe of a quantized tensor (csrc/jax/quantizer_attrs.h maps it to the core's quantizer); its
+    storage is the core format `format` (an index into FORMATS)."""
 
     NO_SCALING = 0
     DELAYED_TENSOR_SCALING = 1
@@ -30,6 +36,23 @@ class ScalingMode(enum.IntEnum):
     NVFP4_2D_SCALING = 6
     BLOCK_SCALING_128x128 = 7
 
+    @property
+    def format(self) -> int:
+        """The core's format id of what this mode stores (delayed and current scaling share per-tensor FP8; NVFP4's
+        2-D tiles are stored as its 1-D blocks, the tile scale repeated)."""
+        return _FORMAT_OF[self]
+
+    @property
+    def format_row(self) -> dict:
+        """This mode's row of the core's format table."""
+        return FORMATS[_FORMAT_OF[self]]
+
+
+_FORMAT_OF = {m: next(r["id"] for r in FORMATS if r["name"] == name) for m, name in (
+    (ScalingMode.NO_SCALING, "plain"), (ScalingMode.DELAYED_TENSOR_SCALING, "fp8_per_tensor"),
+    (ScalingMode.CURRENT_TENSOR_SCALING, "fp8_per_tensor"), (ScalingMode.MXFP8_1D_SCALING, "mxfp8"),
+    (ScalingMode.NVFP4_1D_SCALING, "nvfp4"), (ScalingMode.NVFP4_2D_SCALING, "nvfp4"),
+    (ScalingMode.BLOCK_SCALING_1x128, "fp8_block_1x128"), (ScalingMode.BLOCK_SCALING_128x128, "fp8_block_128x128"))}
 
 
 class QuantizeLayout(enum.IntEnum):

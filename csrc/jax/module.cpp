@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "../core/comm/nccl_comm.h"
+#include "../core/formats/table.h"
 #if defined(TE_WITH_CUDA)
 #include "../core/comm/local_windows.h"
 #endif
@@ -246,6 +247,57 @@ py::list activations() {
   return rows;
 }
 
+// The core's format table (csrc/core/formats/table.h), one dict per format id, for transformer_engine_jax's
+// quantizers and dequantize, read once at import.
+py::object copy_rule(const te::CopyRule& c) {
+  if (!c.present) return py::none();
+  py::dict d;
+  d["transposed"] = c.transposed;
+  d["flat2d"] = c.flat2d;
+  d["block"] = py::make_tuple(c.block_rows, c.block_cols);
+  d["scale_rank"] = c.scale_rank;
+  py::list dims;
+  for (const te::ScaleDim& s : c.scale) dims.append(py::make_tuple(s.src, s.block, s.pad, s.exact));
+  d["scale"] = py::tuple(dims);
+  return std::move(d);
+}
+
+py::tuple format_table() {
+  py::list rows;
+  for (int f = 0; f < te::kFormatCount; ++f) {
+    const te::FormatInfo& r = te::format_info(te::Format(f));
+    py::list elems, kinds;
+    for (te::DType t : r.elem_types) elems.append(int(t));
+    for (te::QuantKind k : r.kinds) kinds.append(int(k));
+    py::dict d;
+    d["id"] = f;
+    d["name"] = r.name;
+    d["elem_types"] = py::tuple(elems);
+    d["scale_type"] = int(r.scale_type);
+    d["decode"] = int(r.decode);
+    d["global_amax"] = r.global_amax;
+    d["kinds"] = py::tuple(kinds);
+    d["block_dim"] = r.block_dim;
+    d["elems_per_byte"] = r.rule.elems_per_byte;
+    d["row"] = copy_rule(r.rule.row);
+    d["col"] = copy_rule(r.rule.col);
+    rows.append(d);
+  }
+  return py::tuple(rows);
+}
+
+py::tuple copy_shapes(const te::CopyShapes& s) {
+  return py::make_tuple(py::make_tuple(s.row.r, s.row.c), py::make_tuple(s.col.r, s.col.c));
+}
+
+py::bytes format_decode(int fmt, bool columnwise, int code_type, const std::string& codes, const std::string& scales,
+                        float amax, int64_t rows, int64_t cols) {
+  const std::vector<float> out = te::format_decode(
+      te::format_of(fmt), columnwise, te::DType(code_type), reinterpret_cast<const uint8_t*>(codes.data()),
+      codes.size(), reinterpret_cast<const uint8_t*>(scales.data()), scales.size(), amax, rows, cols);
+  return py::bytes(reinterpret_cast<const char*>(out.data()), out.size() * sizeof(float));
+}
+
 }  // namespace
 }  // namespace te_jax
 
@@ -295,6 +347,15 @@ PYBIND11_MODULE(_ffi, m) {
   m.def("plan_collective_gemm", &te_jax::plan_collective_gemm, py::arg("inputs"), py::arg("kind"), py::arg("tp"),
         py::arg("out_dtype"), py::arg("use_split_accumulator"), py::arg("sm_margin"), py::arg("keep_gathered"),
         py::arg("w_kn"), py::arg("cuda"));
+  m.def("format_table", &te_jax::format_table);
+  m.def("format_scale_shapes", [](int fmt, int64_t rows, int64_t cols) {
+    return te_jax::copy_shapes(te::format_scale_shapes(te::format_of(fmt), rows, cols));
+  }, py::arg("fmt"), py::arg("rows"), py::arg("cols"));
+  m.def("format_data_shapes", [](int fmt, int64_t rows, int64_t cols) {
+    return te_jax::copy_shapes(te::format_data_shapes(te::format_of(fmt), rows, cols));
+  }, py::arg("fmt"), py::arg("rows"), py::arg("cols"));
+  m.def("format_decode", &te_jax::format_decode, py::arg("fmt"), py::arg("columnwise"), py::arg("code_type"),
+        py::arg("codes"), py::arg("scales"), py::arg("amax"), py::arg("rows"), py::arg("cols"));
   m.def("nccl_built", &te::comm::nccl_built);
   m.def("nccl_load", &te::comm::nccl_load, py::arg("path"));
   m.def("nccl_loaded", &te::comm::nccl_loaded);

@@ -346,12 +346,16 @@ PyMethodDef methods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
+
+extern PyMethodDef format_methods[];  // format_table.cpp
 }  // namespace te_torch
 
 // `import transformer_engine_torch._C` loads the library (and with it the op registrations); the module holds
-// `call`, the build constants and the planner's entries for the fake kernels (plan_outputs, plan_act_calls), so
-// nothing but tensors, scalars, dtypes and shapes ever crosses into C++.
+// `call`, the build constants, the planner's entries for the fake kernels (plan_outputs, plan_act_calls) and the
+// format table's readers (format_table.cpp), so nothing but tensors, scalars, dtypes and shapes crosses into C++.
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, te_torch::methods};
-  return PyModule_Create(&module_def);
+  PyObject* m = PyModule_Create(&module_def);
+  if (m != nullptr && PyModule_AddFunctions(m, te_torch::format_methods) != 0) Py_CLEAR(m);
+  return m;
 }

@@ -10,13 +10,15 @@ import torch
 
 from ..dtypes import DType, as_fp8_dtype, to_torch_dtype
 from .base import QFLAG_POW2, Quantizer, QuantizedTensor, _transposed_shape, _untransposed_shape, register_format
+from .table import FORMATS, Format
 
 __all__ = ["Float8Tensor", "Float8Quantizer", "Float8CurrentScalingQuantizer"]
 
-# Quantizer kinds (SPEC §1.4; the numbering is the C++ side's).
-QKIND_FP8_DELAYED, QKIND_FP8_CURRENT = 1, 2
+# Quantizer kinds (SPEC §1.4) and element types, from the core's format table (delayed and current scaling share
+# the per-tensor FP8 format).
+QKIND_FP8_DELAYED, QKIND_FP8_CURRENT = FORMATS[Format.FP8_PER_TENSOR]["kinds"]
 
-_FP8 = (DType.kFloat8E4M3, DType.kFloat8E5M2)
+_FP8 = tuple(DType(t) for t in FORMATS[Format.FP8_PER_TENSOR]["elem_types"])
 
 
 class Float8Tensor(QuantizedTensor):

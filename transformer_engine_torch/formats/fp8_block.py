@@ -8,24 +8,22 @@ import math
 import torch
 
 from ..dtypes import DType, as_fp8_dtype, to_torch_dtype
-from .base import (QFLAG_2D, QFLAG_POW2, NativeGemm, Quantizer, _ceil_div, _rows_cols, _roundup, _transposed_shape,
+from .base import (QFLAG_2D, QFLAG_POW2, NativeGemm, Quantizer, _ceil_div, _rows_cols, _transposed_shape,
                    _TwoCopyTensor, _untransposed_shape, register_format)
+from .table import FORMATS, Format, block_len, scale_shapes
 
 __all__ = ["Float8BlockwiseQTensor", "Float8BlockQuantizer"]
 
-QKIND_FP8_BLOCK = 5  # quantizer kind (SPEC §1.4; the C++ side's numbering)
-FP8_BLOCK_LEN = 128
+QKIND_FP8_BLOCK, = FORMATS[Format.FP8_BLOCK_1x128]["kinds"]  # quantizer kind (SPEC §1.4), from the format table
+FP8_BLOCK_LEN = block_len(Format.FP8_BLOCK_1x128)  # 128
 
 
 def fp8_block_scale_shapes(shape, two_d):
     """(rowwise, columnwise) padded float32 scale shapes of SPEC §4.8 for a tensor of `shape` (flattened [M, K]).
     1-D: [ceil(K/128), roundup(M, 4)] (K-block-major, M contiguous) and [ceil(M/128), roundup(K, 4)];
-    2-D: [ceil(M/128), roundup(ceil(K/128), 4)] and its transpose-shaped [ceil(K/128), roundup(ceil(M/128), 4)]."""
-    m, k = _rows_cols(shape)
-    mb, kb = _ceil_div(m, FP8_BLOCK_LEN), _ceil_div(k, FP8_BLOCK_LEN)
-    if two_d:
-        return (mb, _roundup(kb, 4)), (kb, _roundup(mb, 4))
-    return (kb, _roundup(m, 4)), (mb, _roundup(k, 4))
+    2-D: [ceil(M/128), roundup(ceil(K/128), 4)] and its transpose-shaped [ceil(K/128), roundup(ceil(M/128), 4)]
+    (the format table's)."""
+    return scale_shapes(Format.FP8_BLOCK_128x128 if two_d else Format.FP8_BLOCK_1x128, shape)
 
 
 def _block_factors(scale, rows, cols, rows_per_entry, cols_per_entry, scale_is_transposed):

@@ -6,19 +6,19 @@ from __future__ import annotations
 import torch
 
 from ..dtypes import DType, as_fp8_dtype, to_torch_dtype
-from .base import (QFLAG_SWIZZLED, NativeGemm, Quantizer, _ceil_div, _rows_cols, _roundup, _swizzle, _TwoCopyTensor,
+from .base import (QFLAG_SWIZZLED, NativeGemm, Quantizer, _ceil_div, _rows_cols, _swizzle, _TwoCopyTensor,
                    register_format)
+from .table import FORMATS, Format, block_len, scale_shapes
 
 __all__ = ["MXFP8Tensor", "MXFP8Quantizer"]
 
-QKIND_MXFP8 = 3  # quantizer kind (SPEC §1.4; the C++ side's numbering)
-MX_BLOCK = 32
+QKIND_MXFP8, = FORMATS[Format.MXFP8]["kinds"]  # quantizer kind (SPEC §1.4), from the core's format table
+MX_BLOCK = block_len(Format.MXFP8)  # 32
+
 
 def mxfp8_scale_shapes(shape):
-    """(rowwise, columnwise) padded E8M0 scale shapes of SPEC §4.8 for a tensor of `shape`."""
-    m, k = _rows_cols(shape)
-    return ((_roundup(m, 128), _roundup(_ceil_div(k, MX_BLOCK), 4)),
-            (_roundup(_ceil_div(m, MX_BLOCK), 4), _roundup(k, 128)))
+    """(rowwise, columnwise) padded E8M0 scale shapes of SPEC §4.8 for a tensor of `shape` (the format table's)."""
+    return scale_shapes(Format.MXFP8, shape)
 
 
 def swizzle_mx_scales(scale, columnwise):

@@ -8,26 +8,27 @@ import torch
 
 from ..dtypes import DType, as_dtype, to_torch_dtype
 from .base import (QFLAG_2D, QFLAG_RANDOM_SIGN, QFLAG_RHT, QFLAG_SR, QFLAG_SWIZZLED, NativeGemm, Quantizer,
-                   _rows_cols, _roundup, _swizzle, _TwoCopyTensor, register_format)
+                   _rows_cols, _swizzle, _TwoCopyTensor, register_format)
+from .table import FORMATS, Format, block_len, data_shapes, scale_shapes
 
 __all__ = ["NVFP4Tensor", "NVFP4Quantizer"]
 
-QKIND_NVFP4 = 4  # quantizer kind (SPEC §1.4; the C++ side's numbering)
-NV_BLOCK = 16
+QKIND_NVFP4, = FORMATS[Format.NVFP4]["kinds"]  # quantizer kind (SPEC §1.4), from the core's format table
+NV_BLOCK = block_len(Format.NVFP4)  # 16
 # The sign vector s of the random Hadamard transform (SPEC §4.6) as a bitmask: bit i set where s_i = -1.
 RHT_SIGN_MASK = 0xD7E8
 
 
 def nvfp4_scale_shapes(shape):
-    """(rowwise, columnwise) padded E4M3 scale shapes of SPEC §4.8 for a tensor of `shape` (K % 16 == 0)."""
-    m, k = _rows_cols(shape)
-    return ((_roundup(m, 128), _roundup(k // NV_BLOCK, 4)), (_roundup(k, 128), _roundup(m // NV_BLOCK, 4)))
+    """(rowwise, columnwise) padded E4M3 scale shapes of SPEC §4.8 for a tensor of `shape` (K % 16 == 0; the
+    format table's)."""
+    return scale_shapes(Format.NVFP4, shape)
 
 
 def nvfp4_data_shapes(shape):
-    """(rowwise, columnwise) packed-data shapes: shape[:-1] + (K/2,) and the transposed 2-D [K, M/2]."""
-    m, k = _rows_cols(shape)
-    return tuple(shape[:-1]) + (k // 2,), (k, m // 2)
+    """(rowwise, columnwise) packed-data shapes: shape[:-1] + (K/2,) and the transposed 2-D [K, M/2] (the format
+    table's)."""
+    return data_shapes(Format.NVFP4, shape)
 
 
 def swizzle_nvfp4_scales(scale, inverse=False):

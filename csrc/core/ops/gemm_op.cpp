@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "../formats/table.h"
 #include "../gemm/gemm_epilogue.h"
 
 #if defined(TE_WITH_CUDA)
@@ -42,20 +43,17 @@ void check_scalar_f32(const char* op, const std::string& what, const GemmBuffer&
   }
 }
 
-// The scale tensor a block-scaled operand stored as [rows, cols] carries (SPEC §4.8), `k_cols` when the
-// contraction runs along cols. FP8 block (float32): 1x128 [ceil(cols/128), roundup(rows, 4)], 128x128
-// [ceil(rows/128), roundup(ceil(cols/128), 4)]. MXFP8 (E8M0 bytes, GEMM-swizzled): [roundup(rows, 128),
-// roundup(ceil(cols/32), 4)], or the columnwise form [roundup(ceil(rows/32), 4), roundup(cols, 128)] when K runs
-// along rows. NVFP4 (E4M3 bytes, GEMM-swizzled, always K along cols): [roundup(rows, 128), roundup(cols/16, 4)].
+// The scale tensor a block-scaled operand stored as [rows, cols] carries (SPEC §4.8, the format table's rule),
+// `k_cols` when the contraction runs along cols: the rowwise form, or for MXFP8 with K along rows the columnwise
+// form (its columnwise copy is not transposed). FP8 block and NVFP4 operands are stored with K along cols.
+static_assert(int(GemmScaling::kMxfp8) == int(Format::kMxfp8) && int(GemmScaling::kNvfp4) == int(Format::kNvfp4) &&
+                  int(GemmScaling::kFp8Block1d) == int(Format::kFp8Block1d) &&
+                  int(GemmScaling::kFp8Block2d) == int(Format::kFp8Block2d),
+              "a GEMM scaling code is its operand's format id");
 Shape block_scale_shape(GemmScaling s, int64_t rows, int64_t cols, bool k_cols) {
-  switch (s) {
-    case GemmScaling::kFp8Block1d: return Shape::of(ceil_div(cols, 128), roundup(rows, 4));
-    case GemmScaling::kFp8Block2d: return Shape::of(ceil_div(rows, 128), roundup(ceil_div(cols, 128), 4));
-    case GemmScaling::kMxfp8:
-      if (k_cols) return Shape::of(roundup(rows, 128), roundup(ceil_div(cols, 32), 4));
-      return Shape::of(roundup(ceil_div(rows, 32), 4), roundup(cols, 128));
-    default: return Shape::of(roundup(rows, 128), roundup(ceil_div(cols, 16), 4));
-  }
+  const CopyShapes t = format_scale_shapes(static_cast<Format>(int(s)), rows, cols);
+  const Dims2 d = s == GemmScaling::kMxfp8 && !k_cols ? t.col : t.row;
+  return Shape::of(d.r, d.c);
 }
 
 // Checks an operand against its declared DType code and scaling and returns the launcher's operand (no pointers).

@@ -24,6 +24,7 @@
 #include "../../rules/numerics.h"
 #include "../../rules/parallel.h"
 #include "../../rules/scaling.h"
+#include "../table.h"
 
 #if defined(TE_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -31,7 +32,7 @@
 
 namespace te {
 
-constexpr int64_t kFp8BlockLen = 128;
+constexpr int64_t kFp8BlockLen = format_block_len(Format::kFp8Block1d);  // 128
 
 struct Fp8BlockParams {
   const void* x = nullptr;        // [rows, cols] input dtype, contiguous
@@ -48,14 +49,13 @@ struct Fp8BlockParams {
   bool two_d = false;             // 128x128 tiles (block_dim 2) instead of 1x128 blocks
 };
 
-// Padded scale shapes of SPEC §4.8 for an [rows, cols] tensor.
+// Padded scale shapes of SPEC §4.8 for an [rows, cols] tensor (the format table's rule).
 struct Fp8BlockScaleShapes {
   int64_t row_r, row_c, col_r, col_c;
 };
 inline Fp8BlockScaleShapes fp8_block_scale_shapes(int64_t rows, int64_t cols, bool two_d) {
-  const int64_t mb = ceil_div(rows, kFp8BlockLen), kb = ceil_div(cols, kFp8BlockLen);
-  if (two_d) return {mb, roundup(kb, 4), kb, roundup(mb, 4)};
-  return {kb, roundup(rows, 4), mb, roundup(cols, 4)};
+  const CopyShapes s = format_scale_shapes(two_d ? Format::kFp8Block2d : Format::kFp8Block1d, rows, cols);
+  return {s.row.r, s.row.c, s.col.r, s.col.c};
 }
 
 // Largest finite value of the input dtype: an Inf scale (a tiny amax) is replaced by it (SPEC §4.7; TE's rule,

@@ -6,18 +6,19 @@
 
 #include "../../rules/common.h"
 #include "../../rules/scaling.h"
+#include "../table.h"
 
 namespace te {
 
-constexpr int64_t kMxBlock = 32;
+constexpr int64_t kMxBlock = format_block_len(Format::kMxfp8);  // 32
 
-// The padded scale shapes of SPEC §4.8 for an [rows, out_cols] tensor.
+// The padded scale shapes of SPEC §4.8 for an [rows, out_cols] tensor (the format table's rule).
 struct Mxfp8ScaleShapes {
   int64_t row_r, row_c, col_r, col_c;
 };
 inline Mxfp8ScaleShapes mxfp8_scale_shapes(int64_t rows, int64_t out_cols) {
-  return {roundup(rows, 128), roundup(ceil_div(out_cols, kMxBlock), 4), roundup(ceil_div(rows, kMxBlock), 4),
-          roundup(out_cols, 128)};
+  const CopyShapes s = format_scale_shapes(Format::kMxfp8, rows, out_cols);
+  return {s.row.r, s.row.c, s.col.r, s.col.c};
 }
 
 // Byte offset of the rowwise scale of (row r, block j) and of the columnwise scale of (row block i, column j).

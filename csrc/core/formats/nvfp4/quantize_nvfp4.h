@@ -20,6 +20,7 @@
 #include "../../rules/numerics.h"
 #include "../../rules/parallel.h"
 #include "../../rules/scaling.h"
+#include "../table.h"
 
 #if defined(TE_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -28,7 +29,7 @@
 
 namespace te {
 
-constexpr int64_t kNvBlock = 16;
+constexpr int64_t kNvBlock = format_block_len(Format::kNvfp4);  // 16
 constexpr float kInv6 = 0x1.555556p-3f;     // fl(1/6)
 constexpr float kNvfp4GlobalMax = 2688.0f;  // 448 * 6
 // The fixed sign vector s of SPEC §4.6 as a bitmask (bit i set where s_i = -1).
@@ -247,8 +248,9 @@ struct Nvfp4AmaxParams {
 };
 
 struct Nvfp4ScaleShapes { int64_t row_r, row_c, col_r, col_c; };
-TE_HD Nvfp4ScaleShapes nvfp4_scale_shapes(int64_t rows, int64_t cols) {
-  return {roundup(rows, 128), roundup(cols / kNvBlock, 4), roundup(cols, 128), roundup(rows / kNvBlock, 4)};
+TE_HD Nvfp4ScaleShapes nvfp4_scale_shapes(int64_t rows, int64_t cols) {  // the format table's rule
+  const CopyShapes s = format_scale_shapes(Format::kNvfp4, rows, cols);
+  return {s.row.r, s.row.c, s.col.r, s.col.c};
 }
 // Byte offset of rowwise scale (row r, block j) and of columnwise scale (column k, row block i); both compact
 // matrices are swizzled as stored (SPEC §4.8: the NVFP4 columnwise data is already transposed).
