@@ -241,7 +241,7 @@ def test_scan_over_stacked_layers():
 class _Net(nnx.Module):
     """stem Dense(32, 64) -> h + MLP(64, 128, gelu)(h) -> head Dense(64, 32), computing in bf16, every layer under
     the recipe; with ends_quantized=False the stem and the head run in bf16, outside it: tests/torch/test_layers.py's
-    `train_blocks`, the setup the torch README's NVFP4 note prescribes (every layer in NVFP4 ends 21 % above bf16
+    `train_blocks`, the setup docs/torch.md's NVFP4 note prescribes (every layer in NVFP4 ends 21 % above bf16
     there). The block's kernels start as torch.nn.Linear's."""
 
     def __init__(self, rngs):
@@ -302,7 +302,7 @@ def _train(recipe_name, steps=60, freeze_block=False):
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_training_tracks_bf16(recipe):
     """Every layer in FP8: final loss within 2 % of bf16 (measured 0.5-1.6 %). NVFP4 (stochastic rounding on) on
-    the block, the ends in bf16 as the torch README says: within the 5 % of the torch test that note cites (2.4 %).
+    the block, the ends in bf16 as docs/torch.md says: within the 5 % of the torch test that note cites (2.4 %).
     The block matters (left at its init, bf16 ends far above). Delayed scaling: all 12 histories fill up."""
     first_bf16, bf16, _, _ = _train(None)
     first, got, before, after = _train(recipe)
