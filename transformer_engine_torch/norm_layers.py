@@ -26,7 +26,7 @@ from ._layer_gemms import (activation_dtype, check_alignment, dgrad_gemm, keep_c
                            slot_views, wgrad_gemm)
 from .enums import FP8BwdTensors, FP8FwdTensors
 from .modules import MLP, Linear, mlp_gemms_backward, mlp_gemms_forward
-from ._tensor_parallel import _grad_quantize
+from ._tensor_parallel import _grad_quantize, _TPAllReduceBackward
 from .recipe import (build_quantizer, get_amax_reduction_group, get_fp8_recipe, is_calibrating, is_fp8_enabled,
                      update_delayed_scaling)
 
@@ -249,8 +249,12 @@ class _NormInFront:
         check_gamma(name, "layer_norm_weight", self.layer_norm_weight, hidden)
         check_gamma(name, "layer_norm_bias", self.layer_norm_bias, hidden)
         if tp or not is_fp8_enabled() or is_calibrating():  # the norm as its own op, then the base layer's paths
-            ln = _NormFn.apply(x, self.layer_norm_weight, self.layer_norm_bias, self.normalization, self.eps,
-                               self.zero_centered_gamma, activation_dtype(x))
+            gamma, beta = self.layer_norm_weight, self.layer_norm_bias
+            if tp and self.sequence_parallel:  # each rank normalizes its tokens: the gradients summed over the group
+                gamma = _TPAllReduceBackward.apply(gamma, self.tp_group)
+                beta = None if beta is None else _TPAllReduceBackward.apply(beta, self.tp_group)
+            ln = _NormFn.apply(x, gamma, beta, self.normalization, self.eps, self.zero_centered_gamma,
+                               activation_dtype(x))
             y = base_forward(self, ln)
             return (y, ln) if self.return_layernorm_output else y
         recipe = get_fp8_recipe()
@@ -321,7 +325,8 @@ class LayerNormLinear(_NormInFront, Linear):
     block recipe included: the quantized norm output is blocked along it).
 
     Tensor parallel as Linear's, `parallel_mode` None or "column" (the norm needs the whole hidden dim): with
-    `sequence_parallel` the input is this rank's tokens, normalized here, all-gathered inside the GEMM."""
+    `sequence_parallel` the input is this rank's tokens, normalized here, all-gathered inside the GEMM; the norm's
+    parameter gradients are then summed over the group (every rank's equals the unsharded layer's)."""
 
     def __init__(self, in_features: int, out_features: int, eps: float = 1e-5, *, bias: bool = True,
                  normalization: str = "LayerNorm", zero_centered_gamma: bool = False,
@@ -404,7 +409,7 @@ class LayerNormMLP(_NormInFront, MLP):
     input and MLP's fused activation path runs behind it (module docstring).
 
     Tensor parallel as MLP's (`tp_group`: fc1 column-, fc2 row-parallel; `sequence_parallel`: the input is this
-    rank's tokens, normalized here)."""
+    rank's tokens, normalized here; the norm's parameter gradients summed over the group)."""
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5, *, bias: bool = True,
                  normalization: str = "LayerNorm", activation: str = "gelu", zero_centered_gamma: bool = False,
