@@ -368,6 +368,35 @@ def test_misaligned_hidden_under_a_recipe(recipe, layer, bad):
 
 
 # ---- GPU ------------------------------------------------------------------------------------------------------------
+def check_graph_replay(model, twin, step, make_inputs, what):
+    """Captures `step(model, static_x, static_dy)` (a forward+backward) in a CUDA graph, then replays it on new
+    inputs from `make_inputs(k)` (k = 0: the warm-up's) against the eager twin taking the same steps (its warm-up
+    included: capture_graph runs the step CAPTURE_WARMUPS times): outputs, gradients and delayed state identical."""
+    x0, dy0 = make_inputs(0)
+    static_x = x0.clone().requires_grad_()
+    static_dy = dy0.clone()
+
+    def captured():
+        for p in model.parameters():
+            p.grad = None
+        static_x.grad = None
+        return step(model, static_x, static_dy)
+
+    graph, static_y = capture_graph(captured)
+    for _ in range(CAPTURE_WARMUPS):
+        step(twin, x0.clone().requires_grad_(), dy0)
+        for p in twin.parameters():
+            p.grad = None
+    for k in range(1, 4):
+        x, dy = make_inputs(k)
+        static_x.data.copy_(x)
+        static_dy.copy_(dy)
+        graph.replay()
+        got = snapshot(model, static_x, static_y, clear=False)
+        xt = x.clone().requires_grad_()
+        assert_identical(got, snapshot(twin, xt, step(twin, xt, dy)), f"{what} replay {k}")
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("recipe_name", ["current", "delayed", "mxfp8"])
 def test_cuda_graph_training_step_replays_bit_identically(recipe_name):
@@ -376,8 +405,6 @@ def test_cuda_graph_training_step_replays_bit_identically(recipe_name):
     recipe = RECIPES[recipe_name]()
     model, twin = _model().cuda(), _model().cuda()
     twin.load_state_dict(model.state_dict())
-    static_x = torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    static_dy = torch.zeros(64, 64, device="cuda", dtype=torch.bfloat16)
 
     def step(m, x, dy):
         with tex.autocast(recipe=recipe):
@@ -385,26 +412,5 @@ def test_cuda_graph_training_step_replays_bit_identically(recipe_name):
         y.backward(dy)
         return y
 
-    def captured():
-        for p in model.parameters():
-            p.grad = None
-        static_x.grad = None
-        return step(model, static_x, static_dy)
-
-    x0, dy0 = (t.cuda() for t in inputs((64, 64), (64, 64), torch.bfloat16, seed=100))
-    static_x.data.copy_(x0)
-    static_dy.copy_(dy0)
-    graph, static_y = capture_graph(captured)
-    for _ in range(CAPTURE_WARMUPS):
-        step(twin, x0.clone().requires_grad_(), dy0)
-        for p in twin.parameters():
-            p.grad = None
-    for k in range(1, 4):
-        x, dy = (t.cuda() for t in inputs((64, 64), (64, 64), torch.bfloat16, seed=100 + k))
-        static_x.data.copy_(x)
-        static_dy.copy_(dy)
-        graph.replay()
-        got = snapshot(model, static_x, static_y, clear=False)
-        xt = x.clone().requires_grad_()
-        want = snapshot(twin, xt, step(twin, xt, dy))
-        assert_identical(got, want, f"{recipe_name} replay {k}")
+    check_graph_replay(model, twin, step, lambda k: tuple(
+        t.cuda() for t in inputs((64, 64), (64, 64), torch.bfloat16, seed=100 + k)), recipe_name)

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.torch.helpers import CAPTURE_WARMUPS, capture_graph, tex_module
+from tests.torch.helpers import tex_module
 from tests.torch.test_layers import ref_act
-from tests.torch.test_norm_layers import NORMWISE, RECIPES, close_all, norm64
+from tests.torch.test_norm_layers import NORMWISE, RECIPES, check_graph_replay, close_all, norm64
 from tests.torch.test_recipe_modes import assert_identical, snapshot
 
 tex = tex_module()
@@ -320,8 +320,6 @@ def test_cuda_graph_training_step_replays_bit_identically(recipe_name):
     model = make_layer(params_dtype=torch.bfloat16).cuda()
     twin = make_layer(params_dtype=torch.bfloat16).cuda()
     freqs = rope_freqs(S, 32).cuda()
-    static_x = torch.zeros(S, B, H, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    static_dy = torch.zeros(S, B, H, device="cuda", dtype=torch.bfloat16)
 
     def step(m, x, dy):
         with tex.autocast(enabled=recipe is not None, recipe=recipe):
@@ -329,26 +327,5 @@ def test_cuda_graph_training_step_replays_bit_identically(recipe_name):
         y.backward(dy)
         return y
 
-    def captured():
-        for p in model.parameters():
-            p.grad = None
-        static_x.grad = None
-        return step(model, static_x, static_dy)
-
-    x0, dy0 = (t.cuda() for t in inputs((S, B, H), torch.bfloat16, seed=60))
-    static_x.data.copy_(x0)
-    static_dy.copy_(dy0)
-    graph, static_y = capture_graph(captured)
-    for _ in range(CAPTURE_WARMUPS):
-        step(twin, x0.clone().requires_grad_(), dy0)
-        for p in twin.parameters():
-            p.grad = None
-    for k in range(1, 4):
-        x, dy = (t.cuda() for t in inputs((S, B, H), torch.bfloat16, seed=60 + k))
-        static_x.data.copy_(x)
-        static_dy.copy_(dy)
-        graph.replay()
-        got = snapshot(model, static_x, static_y, clear=False)
-        xt = x.clone().requires_grad_()
-        want = snapshot(twin, xt, step(twin, xt, dy))
-        assert_identical(got, want, f"{recipe_name} replay {k}")
+    check_graph_replay(model, twin, step, lambda k: tuple(
+        t.cuda() for t in inputs((S, B, H), torch.bfloat16, seed=60 + k)), recipe_name)
