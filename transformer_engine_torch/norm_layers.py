@@ -24,9 +24,9 @@ import torch
 from . import normalization as _norm
 from ._layer_gemms import (activation_dtype, check_alignment, dgrad_gemm, keep_columnwise, layer_configs, layer_gemm,
                            slot_views, wgrad_gemm)
+from ._tensor_parallel import _grad_quantize, _TPAllReduceBackward
 from .enums import FP8BwdTensors, FP8FwdTensors
 from .modules import MLP, Linear, mlp_gemms_backward, mlp_gemms_forward
-from ._tensor_parallel import _grad_quantize, _TPAllReduceBackward
 from .recipe import (build_quantizer, get_amax_reduction_group, get_fp8_recipe, is_calibrating, is_fp8_enabled,
                      update_delayed_scaling)
 
