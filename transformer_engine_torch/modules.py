@@ -228,79 +228,97 @@ class Linear(DelayedMixin, torch.nn.Module):
 
 
 # ---- MLP -------------------------------------------------------------------------------------------------------
+def mlp_gemms_forward(ctx, x_q, w1, b1, w2, b2, activation, act_dtype, cfgs, fs, fh, need_dx, need_w1, need_dh,
+                      need_w2):
+    """fc1 GEMM of the quantized input `x_q`, the activation fused with fc2's input quantization, fc2 GEMM: (y
+    [tokens, hidden], h the pre-activation). Keeps on `ctx` the columnwise copies backward reads (x_q, w1_q, a_q,
+    w2_q). Shared by _MLPFn and norm_layers' LayerNormMLP, whose x_q is the norm's quantized output."""
+    act_fwd = ACTIVATIONS[activation][0]
+    _, cfg_w, _ = cfgs
+    qw1 = build_quantizer(cfg_w, True, need_dx, *slot_views(fs, fh, FP8FwdTensors.GEMM1_WEIGHT))
+    qa = build_quantizer(cfgs[0], True, need_w2, *slot_views(fs, fh, FP8FwdTensors.GEMM2_INPUT))
+    qw2 = build_quantizer(cfg_w, True, need_dh, *slot_views(fs, fh, FP8FwdTensors.GEMM2_WEIGHT))
+    w1_q = qw1(w1)
+    h = layer_gemm(w1_q, True, x_q, False, act_dtype, bias=None if b1 is None else b1.to(act_dtype))
+    a_q = getattr(_act, act_fwd)(h, qa)  # the fused kernel writes the activation quantized for fc2
+    w2_q = qw2(w2)
+    y = layer_gemm(w2_q, True, a_q, False, act_dtype, bias=None if b2 is None else b2.to(act_dtype))
+    ctx.x_q = keep_columnwise(x_q) if need_w1 else None
+    ctx.w1_q = keep_columnwise(w1_q) if need_dx else None
+    ctx.a_q = keep_columnwise(a_q) if need_w2 else None
+    ctx.w2_q = keep_columnwise(w2_q) if need_dh else None
+    return y, h
+
+
+def mlp_gemms_backward(ctx, dy2, h, activation, act_dtype, cfg_g, bs, bh, needs, dtypes):
+    """The backward of mlp_gemms_forward from dy2 [tokens, hidden] (act_dtype, contiguous): needs = (dx, w1, b1, w2,
+    b2) flags, dtypes = (w1, b1, w2, b2) dtypes. Returns (dx2 [tokens, hidden] in act_dtype or None, dw1, db1, dw2,
+    db2) and drops ctx's quantized copies."""
+    need_dx, need_w1, need_b1, need_w2, need_b2 = needs
+    w1_dtype, b1_dtype, w2_dtype, b2_dtype = dtypes
+    need_dh = need_dx or need_w1 or need_b1
+    _, act_bwd, act_dbias, _ = ACTIVATIONS[activation]
+    # fc2: dY quantized rowwise (dgrad) and columnwise (wgrad), with the fused bias gradient.
+    qg2 = build_quantizer(cfg_g, need_dh, need_w2, *slot_views(bs, bh, FP8BwdTensors.GRAD_OUTPUT2))
+    db2 = db1 = dx = dw1 = dw2 = None
+    if need_b2:
+        db2, dy_q = bgrad_quantize(dy2, qg2)
+        db2 = db2.to(b2_dtype)
+    else:
+        dy_q = qg2(dy2) if (need_dh or need_w2) else None
+    if need_w2:
+        dw2 = wgrad_gemm(ctx.a_q, dy_q, w2_dtype)
+    if need_dh:
+        da = dgrad_gemm(ctx.w2_q, dy_q, act_dtype)
+        # fc1: dH = dact(dA, H) quantized for the dgrad (rowwise) and wgrad (columnwise), bias gradient fused.
+        qg1 = build_quantizer(cfg_g, need_dx, need_w1, *slot_views(bs, bh, FP8BwdTensors.GRAD_OUTPUT1))
+        if need_b1 and act_dbias is not None:
+            db1, dh_q = getattr(_act, act_dbias)(da, h, qg1)
+        elif need_b1:
+            db1, dh_q = bgrad_quantize(getattr(_act, act_bwd)(da, h, None), qg1)
+        elif need_dx or need_w1:
+            dh_q = getattr(_act, act_bwd)(da, h, qg1)
+        if db1 is not None:
+            db1 = db1.to(b1_dtype)
+        if need_dx:
+            dx = dgrad_gemm(ctx.w1_q, dh_q, act_dtype)
+        if need_w1:
+            dw1 = wgrad_gemm(ctx.x_q, dh_q, w1_dtype)
+    ctx.x_q = ctx.w1_q = ctx.a_q = ctx.w2_q = None
+    return dx, dw1, db1, dw2, db2
+
+
 class _MLPFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w1, b1, w2, b2, activation, act_dtype, cfgs, recipe, fs, fh, bs, bh):
-        act_fwd, _, _, _ = ACTIVATIONS[activation]
         hidden = w1.shape[1]
         x2 = x.reshape(-1, hidden)
         if x2.dtype != act_dtype:
             x2 = x2.to(act_dtype)
         g = ctx.needs_input_grad
         need_dx, need_w1, need_w2 = g[0], g[1], g[3]
-        need_dh = need_dx or g[1] or g[2]  # the gradient reaching fc1's output
-        need_da = need_dh  # the gradient reaching fc2's input
-        cfg_in, cfg_w, _ = cfgs
-        qx = build_quantizer(cfg_in, True, need_w1, *slot_views(fs, fh, FP8FwdTensors.GEMM1_INPUT))
-        qw1 = build_quantizer(cfg_w, True, need_dx, *slot_views(fs, fh, FP8FwdTensors.GEMM1_WEIGHT))
-        qa = build_quantizer(cfg_in, True, need_w2, *slot_views(fs, fh, FP8FwdTensors.GEMM2_INPUT))
-        qw2 = build_quantizer(cfg_w, True, need_da, *slot_views(fs, fh, FP8FwdTensors.GEMM2_WEIGHT))
-        x_q = qx(x2.contiguous())
-        w1_q = qw1(w1)
-        h = layer_gemm(w1_q, True, x_q, False, act_dtype, bias=None if b1 is None else b1.to(act_dtype))
-        a_q = getattr(_act, act_fwd)(h, qa)  # the fused kernel writes the activation quantized for fc2
-        w2_q = qw2(w2)
-        y = layer_gemm(w2_q, True, a_q, False, act_dtype, bias=None if b2 is None else b2.to(act_dtype))
-        ctx.x_q = keep_columnwise(x_q) if need_w1 else None
-        ctx.w1_q = keep_columnwise(w1_q) if need_dx else None
-        ctx.a_q = keep_columnwise(a_q) if need_w2 else None
-        ctx.w2_q = keep_columnwise(w2_q) if need_da else None
-        ctx.meta = (x.shape, x.dtype, w1.dtype, w2.dtype, None if b1 is None else b1.dtype,
-                    None if b2 is None else b2.dtype, activation, act_dtype, cfgs[2], recipe, need_dh)
+        need_dh = need_dx or g[1] or g[2]  # the gradient reaching fc1's output (and fc2's input)
+        qx = build_quantizer(cfgs[0], True, need_w1, *slot_views(fs, fh, FP8FwdTensors.GEMM1_INPUT))
+        y, h = mlp_gemms_forward(ctx, qx(x2.contiguous()), w1, b1, w2, b2, activation, act_dtype, cfgs, fs, fh,
+                                 need_dx, need_w1, need_dh, need_w2)
+        ctx.meta = (x.shape, x.dtype, (w1.dtype, None if b1 is None else b1.dtype, w2.dtype,
+                                       None if b2 is None else b2.dtype), activation, act_dtype, cfgs[2], recipe)
         ctx.save_for_backward(h if need_dh else None, bs, bh)
         return y.reshape(*x.shape[:-1], w2.shape[0])
 
     @staticmethod
     def backward(ctx, dy):
-        (x_shape, x_dtype, w1_dtype, w2_dtype, b1_dtype, b2_dtype, activation, act_dtype, cfg_g, recipe,
-         need_dh) = ctx.meta
+        x_shape, x_dtype, dtypes, activation, act_dtype, cfg_g, recipe = ctx.meta
         h, bs, bh = ctx.saved_tensors
-        g = ctx.needs_input_grad
-        need_dx, need_w1, need_b1, need_w2, need_b2 = g[:5]
-        _, act_bwd, act_dbias, _ = ACTIVATIONS[activation]
         dy2 = dy.reshape(-1, dy.shape[-1])
         if dy2.dtype != act_dtype:
             dy2 = dy2.to(act_dtype)
-        dy2 = dy2.contiguous()
-        # fc2: dY quantized rowwise (dgrad) and columnwise (wgrad), with the fused bias gradient.
-        qg2 = build_quantizer(cfg_g, need_dh, need_w2, *slot_views(bs, bh, FP8BwdTensors.GRAD_OUTPUT2))
-        db2 = db1 = dx = dw1 = dw2 = None
-        if need_b2:
-            db2, dy_q = bgrad_quantize(dy2, qg2)
-            db2 = db2.to(b2_dtype)
-        else:
-            dy_q = qg2(dy2) if (need_dh or need_w2) else None
-        if need_w2:
-            dw2 = wgrad_gemm(ctx.a_q, dy_q, w2_dtype)
-        if need_dh:
-            da = dgrad_gemm(ctx.w2_q, dy_q, act_dtype)
-            # fc1: dH = dact(dA, H) quantized for the dgrad (rowwise) and wgrad (columnwise), bias gradient fused.
-            qg1 = build_quantizer(cfg_g, need_dx, need_w1, *slot_views(bs, bh, FP8BwdTensors.GRAD_OUTPUT1))
-            if need_b1 and act_dbias is not None:
-                db1, dh_q = getattr(_act, act_dbias)(da, h, qg1)
-            elif need_b1:
-                db1, dh_q = bgrad_quantize(getattr(_act, act_bwd)(da, h, None), qg1)
-            elif need_dx or need_w1:
-                dh_q = getattr(_act, act_bwd)(da, h, qg1)
-            if db1 is not None:
-                db1 = db1.to(b1_dtype)
-            if need_dx:
-                dx = dgrad_gemm(ctx.w1_q, dh_q, act_dtype).reshape(x_shape).to(x_dtype)
-            if need_w1:
-                dw1 = wgrad_gemm(ctx.x_q, dh_q, w1_dtype)
+        dx, dw1, db1, dw2, db2 = mlp_gemms_backward(ctx, dy2.contiguous(), h, activation, act_dtype, cfg_g, bs, bh,
+                                                    ctx.needs_input_grad[:5], dtypes)
+        if dx is not None:
+            dx = dx.reshape(x_shape).to(x_dtype)
         if bs is not None:
             update_delayed_scaling(bh, bs, recipe, cfg_g[1], get_amax_reduction_group())
-        ctx.x_q = ctx.w1_q = ctx.a_q = ctx.w2_q = None
         return dx, dw1, db1, dw2, db2, None, None, None, None, None, None, None, None
 
 

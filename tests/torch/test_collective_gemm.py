@@ -9,7 +9,8 @@ schedule with copy-engine exchanges: bit for bit the non-overlapped result, and 
 
 The tensor-parallel tex.Linear (column + row) and tex.MLP: in plain precision against float64; under each recipe
 against the unsharded layers under the same recipe and against float64 within the recipe's tolerance, overlapped =
-non-overlapped bit for bit, and, for delayed scaling, the same scales on every rank (check_tp_recipes)."""
+non-overlapped bit for bit, and, for delayed scaling, the same scales on every rank (check_tp_recipes). The
+tensor-parallel tex.TransformerLayer (test_transformer_layer.check_tp_transformer) runs in the same ranks."""
 import collections
 import contextlib
 import math
@@ -22,6 +23,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.torch.helpers import capture_graph, current_quantizer, tex_module
+from tests.torch.test_transformer_layer import check_tp_transformer
 
 M_PER_RANK, K, N = 24, 64, 48  # per rank: AG x shard [24, 64]; RS: K split tp ways, N 48
 
@@ -443,6 +445,7 @@ def worker(rank, tp, init_file, results, backend, base=True, recipes=()):
         if base:
             check_rank(tex_module(), rank, tp, device)
             check_tp_layers(tex_module(), rank, tp, device)
+            check_tp_transformer(rank, tp, device)
         if recipes:
             check_tp_recipes(tex_module(), rank, tp, device, recipes)
         if backend == "nccl":
