@@ -35,6 +35,18 @@ __device__ __forceinline__ void st_out(void* p, DType dt, int64_t i, float v) {
   }
 }
 
+// The n (<= 8) values of a chunk stored at element `off` of a buffer of dtype dt (vec: one 16/32-byte store).
+__device__ __forceinline__ void store_chunk(void* p, DType dt, int64_t off, const float (&v)[kNormVec], int n,
+                                            bool vec) {
+  if (dt == DType::kBFloat16) {
+    act_cuda::store8(static_cast<bf16_t*>(p) + off, vec, n, v);
+  } else if (dt == DType::kFloat16) {
+    act_cuda::store8(static_cast<fp16_t*>(p) + off, vec, n, v);
+  } else {
+    act_cuda::store8(static_cast<float*>(p) + off, vec, n, v);
+  }
+}
+
 // The chunk of kNormVec elements at element e0 of row `base` into v[0..8) (zeros past h). vec: 16-byte aligned
 // chunks of whole vectors (h % 8 == 0, aligned base pointer).
 template <typename T>
@@ -201,7 +213,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(NormFwdParams p, bool vec
       }
     }
     if constexpr (kOut == FwdOut::kPlain) {
-      for (int j = 0; j < n; ++j) st_out(p.y, p.out_dtype, base + e0 + j, y[j]);
+      store_chunk(p.y, p.out_dtype, base + e0, y, n, vec);
     } else if constexpr (kOut == FwdOut::kFp8) {
       if (skip) return;
       if (n == kNormVec && vec) {
@@ -316,18 +328,22 @@ template <typename InT, int NC> __global__ void bwd_kernel(NormBwdParams p, bool
       float xhat, dyg;
       terms(e, xv, dzv, xhat, dyg);
       const float inner = ln ? (dyg - ma) - xhat * mb : dyg - xhat * mb;
-      st_out(p.dx, p.x_dtype, r * h + e, rs * inner);
       accg += dzv * xhat;
       accb += dzv;
+      return rs * inner;
     };
     if constexpr (NC > 0) {
 #pragma unroll
       for (int k = 0; k < NC; ++k) {
         const int64_t e0 = int64_t(lane) * kNormVec + k * step;
+        if (e0 < h) {
+          float dx[kNormVec];
 #pragma unroll
-        for (int j = 0; j < kNormVec; ++j) {
-          const int i = k * kNormVec + j;
-          if (e0 + j < h) out(e0 + j, xs[i], ds[i], ag[i], ab[i]);
+          for (int j = 0; j < kNormVec; ++j) {
+            const int i = k * kNormVec + j;
+            dx[j] = e0 + j < h ? out(e0 + j, xs[i], ds[i], ag[i], ab[i]) : 0.0f;
+          }
+          store_chunk(p.dx, p.x_dtype, r * h + e0, dx, h - e0 < kNormVec ? int(h - e0) : kNormVec, vec);
         }
       }
     } else {
@@ -335,12 +351,14 @@ template <typename InT, int NC> __global__ void bwd_kernel(NormBwdParams p, bool
         float cx[kNormVec], cd[kNormVec];
         load_chunk<InT>(x, e0, h, vec, cx);
         load_chunk<InT>(dz, e0, h, vec, cd);
+        float dx[kNormVec] = {};
         for (int j = 0; j < kNormVec && e0 + j < h; ++j) {
           float accg = pg[e0 + j], accb = pb ? pb[e0 + j] : 0.0f;
-          out(e0 + j, cx[j], cd[j], accg, accb);
+          dx[j] = out(e0 + j, cx[j], cd[j], accg, accb);
           pg[e0 + j] = accg;
           if (pb) pb[e0 + j] = accb;
         }
+        store_chunk(p.dx, p.x_dtype, r * h + e0, dx, h - e0 < kNormVec ? int(h - e0) : kNormVec, vec);
       }
     }
   }
