@@ -9,7 +9,8 @@ Inside `tex.autocast` the fused layers run as modules.py's Linear and MLP do, ex
 output already quantized by the first GEMM's input quantizer (the fusion: one pass over the activations instead of a
 norm then a cast), and that GEMM reads it directly. The backward keeps the norm's input (in the compute dtype), mu
 and rsigma (FP32 [tokens]) and the columnwise copy of the quantized norm output the weight-gradient GEMM reads, then
-runs the dgrad GEMM and layernorm_bwd / rmsnorm_bwd. Outside autocast, while calibrating, and in the tensor-parallel
+runs the dgrad GEMM and layernorm_bwd / rmsnorm_bwd. (NVFP4 with the Hadamard transform is not fused: the transform
+takes bf16 input, so the norm writes bf16 and the cast follows.) Outside autocast, while calibrating, and in the tensor-parallel
 modes the norm is its own autograd op (_NormFn) followed by the Linear / MLP the layer is (the same code: these
 classes subclass them); in the tensor-parallel modes the norm then runs on this rank's tokens (sequence parallel) or
 on all of them, and the column-parallel GEMM quantizes its input itself (not fused, as MLP's activation there).
@@ -195,10 +196,12 @@ def _rows(x, act_dtype):
 
 def _fused_norm(kind, x2, ln_w, ln_b, eps, qx, act_dtype, zcg, return_ln):
     """(high-precision norm output or None, the norm output quantized by qx, mu, rsigma). Fused (the norm kernel
-    writes the quantized copy) unless the caller also wants the high-precision output: then the norm, then its cast."""
-    if return_ln:
+    writes the quantized copy) unless the caller also wants the high-precision output, or the quantizer is NVFP4's
+    with the Hadamard transform (it takes bf16 input, and the norm's is its FP32 y): then the norm in the compute
+    dtype, then its cast."""
+    if return_ln or getattr(qx, "with_rht", False):
         ln, mu, rsigma = norm_fwd(kind, x2, ln_w, ln_b, eps, None, act_dtype, zcg)
-        return ln, qx(ln), mu, rsigma
+        return (ln if return_ln else None), qx(ln), mu, rsigma
     ln_q, mu, rsigma = norm_fwd(kind, x2, ln_w, ln_b, eps, qx, act_dtype, zcg)
     return None, ln_q, mu, rsigma
 
