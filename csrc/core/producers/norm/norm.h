@@ -54,12 +54,12 @@ TE_HD int64_t norm_lane_chunks(int64_t h) {
 
 // Rows per dgamma / dbeta partial row: 128, halved (down to 4) while there would be fewer than 512 partial rows.
 // A pure function of the shape: CPU and CUDA fill the same [norm_bwd_blocks, H] partials.
-inline int64_t norm_bwd_rows(int64_t rows, int64_t /*h*/) {
+TE_HD int64_t norm_bwd_rows(int64_t rows, int64_t /*h*/) {
   int64_t r = 128;
   while (r > 4 && (rows + r - 1) / r < 512) r /= 2;
   return r;
 }
-inline int64_t norm_bwd_blocks(int64_t rows, int64_t h) {
+TE_HD int64_t norm_bwd_blocks(int64_t rows, int64_t h) {
   const int64_t n = (rows + norm_bwd_rows(rows, h) - 1) / norm_bwd_rows(rows, h);
   return n < 1 ? 1 : n;
 }
@@ -96,10 +96,15 @@ struct NormFwdParams {
   float eps = 1e-5f;
   bool zero_centered_gamma = false;
   DType x_dtype = DType::kFloat32, gamma_dtype = DType::kFloat32, out_dtype = DType::kFloat32;
-  // CUDA fused per-tensor FP8 (out_dtype ignored, y written as FP8 codes): fp8_mode 1 delayed (scale, amax
-  // accumulated with atomic max), 2 current (scale from *amax, the amax of y taken by a first launch with
-  // fp8_mode 3 = amax only). scale_inv written as fl(1/scale) by block 0. noop: 1.0 writes nothing.
+  // CUDA fused outputs (norm_fwd_cuda only; the CPU writes y): fp8_mode 1 per-tensor FP8 delayed (y written as
+  // codes of fl(y·scale); the amax of y accumulated into amax with an atomic max), 2 per-tensor FP8 current (amax,
+  // which the launcher zeroes, gets the amax of y in a first launch; then the codes with its scale; amax_out, when
+  // set, receives it), 4 current with the amax given in amax (no first launch), 3 MXFP8 rowwise (y written as codes, mx_scale the E8M0 scales, compact or swizzled).
+  // scale_inv (modes 1, 2) is written as fl(1/scale). noop: 1.0 writes none of these (the statistics still).
   int fp8_mode = 0;
+  float* amax_out = nullptr;
+  uint8_t* mx_scale = nullptr;
+  bool mx_swizzled = false;
   bool e4m3 = true;
   bool force_pow2 = false;
   float amax_epsilon = 0.0f;
