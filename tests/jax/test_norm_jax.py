@@ -25,7 +25,7 @@ NORMS = ["layernorm", "rmsnorm"]
 
 def _t(a):
     """A jax array as a CPU torch tensor (the same bytes)."""
-    return torch.from_dlpack(jax.device_get(a)) if a is not None else None
+    return torch.from_dlpack(a) if a is not None else None
 
 
 def inputs(shape, dtype, seed=0, gamma_dtype=None):
@@ -118,8 +118,8 @@ def test_grad_bf16_in_gamma_dtype_and_quantized_straight_through():
 def _tex_fwd(norm, x, gamma, beta, eps, zcg, quantizer):
     x2 = _t(x).reshape(-1, x.shape[-1])
     if norm == "layernorm":
-        return tex.layernorm_fwd(x2, _t(gamma), _t(beta), eps, None, quantizer, None, 0, zcg)
-    return tex.rmsnorm_fwd(x2, _t(gamma), eps, None, quantizer, None, 0, zcg)
+        return tex.layernorm_fwd(x2, _t(gamma), _t(beta), eps, None, quantizer, x2.dtype, 0, zcg)
+    return tex.rmsnorm_fwd(x2, _t(gamma), eps, None, quantizer, x2.dtype, 0, zcg)
 
 
 @pytest.mark.parametrize("mode", [None] + MODES, ids=lambda m: "plain" if m is None else m.name)
