@@ -163,13 +163,13 @@ def test_backward_bytes_equal_tex(norm):
 
 # ---- jit, vmap ---------------------------------------------------------------------------------------------------
 def test_eager_equals_jit_and_vmap():
-    x, gamma, beta = inputs((3, 32, 64), jnp.bfloat16, 6)
+    x, gamma, beta = inputs((2, 32, 64), jnp.bfloat16, 6)
     q = tej.QuantizerFactory.create(scaling_mode=SM.MXFP8_1D_SCALING)
     f = lambda x: tej.normalization_fwd(x, gamma, beta, False, 1e-5, "layernorm", q)  # noqa: E731
     leaves = lambda t: [np.asarray(a).tobytes() for a in jax.tree_util.tree_leaves(t)]  # noqa: E731
     assert leaves(f(x)) == leaves(jax.jit(f)(x))
     batched = jax.vmap(f)(x)
-    for i in range(3):
+    for i in range(2):
         assert leaves(jax.tree_util.tree_map(lambda a: a[i], batched)) == leaves(f(x[i]))
 
 
@@ -258,9 +258,8 @@ delayed = dataclasses.replace(q(SM.DELAYED_TENSOR_SCALING, amax_history_len=2), 
                               amax_history=jnp.array([5.0, 1.0], jnp.float32))
 fwd = lambda norm, quantizer: lambda x: tej.normalization_fwd(x, gamma, beta if norm == "layernorm" else None,
                                                               False, 1e-5, norm, quantizer)
-cases = (("plain layernorm", fwd("layernorm", None), x), ("plain rmsnorm", fwd("rmsnorm", None), x),
-         ("current", fwd("layernorm", q(SM.CURRENT_TENSOR_SCALING)), x), ("delayed", fwd("rmsnorm", delayed), x),
-         ("mxfp8", fwd("layernorm", q(SM.MXFP8_1D_SCALING)), big), ("nvfp4", fwd("rmsnorm", q(SM.NVFP4_1D_SCALING)), big))
+cases = (("plain rmsnorm", fwd("rmsnorm", None), x), ("current", fwd("layernorm", q(SM.CURRENT_TENSOR_SCALING)), x),
+         ("delayed", fwd("rmsnorm", delayed), x), ("mxfp8", fwd("layernorm", q(SM.MXFP8_1D_SCALING)), big))
 mesh = Mesh(np.array(jax.devices()).reshape(8), ("dp",))
 for name, f, a in cases:
     sharded = jax.device_put(a, NamedSharding(mesh, P("dp")))
@@ -289,8 +288,9 @@ print("ok")
 
 def test_sharded_along_token_dims(run_on_cpu_mesh):
     """x sharded along its leading dims: each device normalizes its rows (no all-gather) and every result is the
-    unsharded call's bytes (plain, per-tensor FP8 with the amax reduced over the mesh, block formats over whole row
-    groups); the gradient's dx too, dgamma / dbeta within SPEC §9's tolerance of the unsharded sums."""
+    unsharded call's bytes (plain, per-tensor FP8 with the amax reduced over the mesh: current scaling through the
+    FP32 y and a cast with the reduced amax, block formats over whole row groups); the gradient's dx too, dgamma /
+    dbeta within SPEC §9's tolerance of the unsharded sums."""
     run_on_cpu_mesh(SHARDING_SCRIPT)
 
 
