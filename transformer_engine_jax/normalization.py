@@ -27,7 +27,6 @@ gamma's dtype (another addition order than the unsharded kernel's: SPEC §9's db
 from __future__ import annotations
 
 import functools
-import math
 import numbers
 from typing import NamedTuple
 
