@@ -314,3 +314,16 @@ def test_cuda_bytes_equal_cpu(norm, mode):
     g = jax.jit(lambda *a: tej.normalization_bwd(*a, None, True, 1e-5, norm))
     args = (dz, x, mu, rsigma, gamma)
     assert leaves(g(*jax.device_put(args, gpu))) == leaves(g(*args)), f"{norm} backward: CUDA differs from CPU"
+
+
+def test_trace_plans_once_per_signature():
+    """The core's forward and backward plans are made once per signature at trace time (the checked call and the
+    call itself share it; a retrace of the same signature makes none), as the activations' (test_plan_once_jax)."""
+    from transformer_engine_jax import normalization
+    normalization._cached_fwd_plan.cache_clear()
+    normalization._cached_bwd_plan.cache_clear()
+    x, gamma, beta = inputs((4, 64), jnp.bfloat16, 10)
+    for _ in range(2):  # a fresh function each time: jax traces it anew
+        jax.jit(jax.grad(lambda x, g, b: jnp.sum(tej.layernorm(x, g, b).astype(jnp.float32)))).lower(x, gamma, beta)
+    assert normalization._cached_fwd_plan.cache_info().misses == 1
+    assert normalization._cached_bwd_plan.cache_info().misses == 1
