@@ -180,7 +180,7 @@ def test_cuda_equals_cpu(kind, h):
         x, gamma, beta = _inputs((rows, h), dtype, seed=h)
         dz = uniform((rows, h), dtype, g=torch.Generator().manual_seed(h + 1))
         qnames = ["plain"] + ([n for n in QUANTIZERS if n != "nvfp4" or rows % 16 == 0] if h % 64 == 0 else
-                              ["fp8_delayed", "fp8_current", "fp8_block_1d"])
+                              ["fp8_delayed", "fp8_delayed_row_e5m2", "fp8_current_row_pow2", "fp8_block_1d"])
         for qname in qnames:
             res = {}
             for dev in ("cpu", "cuda"):

@@ -52,11 +52,11 @@ TE_HD int64_t norm_lane_chunks(int64_t h) {
   return (chunks + lanes - 1) / lanes;
 }
 
-// Rows per dgamma / dbeta partial row: 128, halved (down to 4) while there would be fewer than 512 partial rows.
+// Rows per dgamma / dbeta partial row: 128, halved (down to 4) while there would be fewer than 1024 partial rows.
 // A pure function of the shape: CPU and CUDA fill the same [norm_bwd_blocks, H] partials.
 TE_HD int64_t norm_bwd_rows(int64_t rows, int64_t /*h*/) {
   int64_t r = 128;
-  while (r > 4 && (rows + r - 1) / r < 512) r /= 2;
+  while (r > 4 && (rows + r - 1) / r < 1024) r /= 2;
   return r;
 }
 TE_HD int64_t norm_bwd_blocks(int64_t rows, int64_t h) {

@@ -37,7 +37,7 @@ void norm_fwd_cuda(const NormFwdParams& p, cudaStream_t s) {
   const int64_t rows_per_cta = norm_cuda::kThreads / L;
   const int64_t grid = (p.rows + rows_per_cta - 1) / rows_per_cta;
   if (grid > 2147483647LL) core_fail("norm forward: too many rows");
-  const bool vec = p.hidden % kNormVec == 0 && aligned16(p.x) && (p.fp8_mode == 0 || aligned16(p.y));
+  const bool vec = p.hidden % kNormVec == 0 && aligned16(p.x) && aligned16(p.y);
   using norm_cuda::FwdOut;
   const auto launch = [&](auto out) {
     TE_SWITCH_IN_DTYPE(p.x_dtype, T, {
@@ -69,7 +69,7 @@ void norm_bwd_cuda(const NormBwdParams& p, cudaStream_t s) {
   if (p.hidden == 0) return;
   const int64_t blocks = norm_bwd_blocks(p.rows, p.hidden);
   if (blocks > 2147483647LL) core_fail("norm backward: too many rows");
-  const bool vec = p.hidden % kNormVec == 0 && aligned16(p.x) && aligned16(p.dz);
+  const bool vec = p.hidden % kNormVec == 0 && aligned16(p.x) && aligned16(p.dz) && aligned16(p.dx);
   const int L = norm_lanes(p.hidden);
   TE_SWITCH_IN_DTYPE(p.x_dtype, T, {
     by_chunks(p.hidden, [&](auto nc) {

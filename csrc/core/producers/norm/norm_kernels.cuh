@@ -35,6 +35,18 @@ __device__ __forceinline__ void st_out(void* p, DType dt, int64_t i, float v) {
   }
 }
 
+// The n (<= 8) values of a chunk stored at element `off` of a buffer of dtype dt (vec: one 16/32-byte store).
+__device__ __forceinline__ void store_chunk(void* p, DType dt, int64_t off, const float (&v)[kNormVec], int n,
+                                            bool vec) {
+  if (dt == DType::kBFloat16) {
+    act_cuda::store8(static_cast<bf16_t*>(p) + off, vec, n, v);
+  } else if (dt == DType::kFloat16) {
+    act_cuda::store8(static_cast<fp16_t*>(p) + off, vec, n, v);
+  } else {
+    act_cuda::store8(static_cast<float*>(p) + off, vec, n, v);
+  }
+}
+
 // The chunk of kNormVec elements at element e0 of row `base` into v[0..8) (zeros past h). vec: 16-byte aligned
 // chunks of whole vectors (h % 8 == 0, aligned base pointer).
 template <typename T>
@@ -97,7 +109,7 @@ struct MxOut {
 
 // Forward: blockDim.x = kThreads; a row per group of L = norm_lanes(h) threads.
 template <typename InT, int NC, FwdOut kOut>
-__global__ void __launch_bounds__(kThreads) fwd_kernel(NormFwdParams p, bool vec) {
+__global__ void __launch_bounds__(kThreads, 4) fwd_kernel(NormFwdParams p, bool vec) {
   __shared__ float red[kThreads / 32];
   const int64_t h = p.hidden;
   const int warps = norm_warps(h);
@@ -110,16 +122,18 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(NormFwdParams p, bool vec
   const int64_t step = int64_t(L) * kNormVec;
   const bool ln = p.kind == NormKind::kLayerNorm;
   const float hf = float(h);
-  float v[NC > 0 ? NC * kNormVec : 1];
+  // The lane's chunks as raw input elements (converted at use: half the registers of FP32 for 16-bit input).
+  act_cuda::Vec8<InT> raw[NC > 0 ? NC : 1];
   if constexpr (NC > 0) {
 #pragma unroll
     for (int k = 0; k < NC; ++k) {
       const int64_t e0 = int64_t(lane) * kNormVec + k * step;
-      if (active && e0 < h) {
-        load_chunk<InT>(x, e0, h, vec, v + k * kNormVec);
+      const int n = active && e0 < h ? (h - e0 < kNormVec ? int(h - e0) : kNormVec) : 0;
+      if (n > 0) {
+        raw[k] = act_cuda::load8(static_cast<const InT*>(x) + e0, vec, n);
       } else {
 #pragma unroll
-        for (int j = 0; j < kNormVec; ++j) v[k * kNormVec + j] = 0.0f;
+        for (int j = 0; j < kNormVec; ++j) raw[k].e[j] = from_float<InT>(0.0f);
       }
     }
   }
@@ -132,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(NormFwdParams p, bool vec
         const int64_t e0 = int64_t(lane) * kNormVec + k * step;
 #pragma unroll
         for (int j = 0; j < kNormVec; ++j) {
-          if (e0 + j < h) s += f(v[k * kNormVec + j]);
+          if (e0 + j < h) s += f(to_float(raw[k].e[j]));
         }
       }
     } else if (active) {
@@ -201,7 +215,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(NormFwdParams p, bool vec
       }
     }
     if constexpr (kOut == FwdOut::kPlain) {
-      for (int j = 0; j < n; ++j) st_out(p.y, p.out_dtype, base + e0 + j, y[j]);
+      store_chunk(p.y, p.out_dtype, base + e0, y, n, vec);
     } else if constexpr (kOut == FwdOut::kFp8) {
       if (skip) return;
       if (n == kNormVec && vec) {
@@ -218,7 +232,12 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(NormFwdParams p, bool vec
 #pragma unroll
       for (int k = 0; k < NC; ++k) {
         const int64_t e0 = int64_t(lane) * kNormVec + k * step;
-        if (e0 < h) emit_chunk(e0, v + k * kNormVec);
+        if (e0 < h) {
+          float c[kNormVec];
+#pragma unroll
+          for (int j = 0; j < kNormVec; ++j) c[j] = to_float(raw[k].e[j]);
+          emit_chunk(e0, c);
+        }
       }
     } else {
       for (int64_t e0 = int64_t(lane) * kNormVec; e0 < h; e0 += step) {
@@ -239,7 +258,7 @@ __global__ void __launch_bounds__(kThreads) fwd_kernel(NormFwdParams p, bool vec
 
 // Backward: one block of L threads per partial row (norm_bwd_rows consecutive rows, in order); each thread keeps
 // the dgamma / dbeta column sums of its own chunks (in registers; NC = 0: in the partial row itself).
-template <typename InT, int NC> __global__ void bwd_kernel(NormBwdParams p, bool vec) {
+template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_kernel(NormBwdParams p, bool vec) {
   __shared__ float red[kNormMaxWarps];
   const int64_t h = p.hidden;
   const int warps = norm_warps(h);
@@ -277,21 +296,22 @@ template <typename InT, int NC> __global__ void bwd_kernel(NormBwdParams p, bool
       xhat = ln ? (xv - mu) * rs : xv * rs;
       dyg = dzv * g;
     };
-    float xs[kN], ds[kN];
+    act_cuda::Vec8<InT> xs[NC > 0 ? NC : 1], ds[NC > 0 ? NC : 1];
     float sa = 0.0f, sb = 0.0f;
     if constexpr (NC > 0) {
 #pragma unroll
       for (int k = 0; k < NC; ++k) {
         const int64_t e0 = int64_t(lane) * kNormVec + k * step;
         if (e0 < h) {
-          load_chunk<InT>(x, e0, h, vec, xs + k * kNormVec);
-          load_chunk<InT>(dz, e0, h, vec, ds + k * kNormVec);
+          const int n = h - e0 < kNormVec ? int(h - e0) : kNormVec;
+          xs[k] = act_cuda::load8(static_cast<const InT*>(x) + e0, vec, n);
+          ds[k] = act_cuda::load8(static_cast<const InT*>(dz) + e0, vec, n);
         }
 #pragma unroll
         for (int j = 0; j < kNormVec; ++j) {
           if (e0 + j < h) {
             float xhat, dyg;
-            terms(e0 + j, xs[k * kNormVec + j], ds[k * kNormVec + j], xhat, dyg);
+            terms(e0 + j, to_float(xs[k].e[j]), to_float(ds[k].e[j]), xhat, dyg);
             sa += dyg;
             sb += dyg * xhat;
           }
@@ -316,18 +336,22 @@ template <typename InT, int NC> __global__ void bwd_kernel(NormBwdParams p, bool
       float xhat, dyg;
       terms(e, xv, dzv, xhat, dyg);
       const float inner = ln ? (dyg - ma) - xhat * mb : dyg - xhat * mb;
-      st_out(p.dx, p.x_dtype, r * h + e, rs * inner);
       accg += dzv * xhat;
       accb += dzv;
+      return rs * inner;
     };
     if constexpr (NC > 0) {
 #pragma unroll
       for (int k = 0; k < NC; ++k) {
         const int64_t e0 = int64_t(lane) * kNormVec + k * step;
+        if (e0 < h) {
+          float dx[kNormVec];
 #pragma unroll
-        for (int j = 0; j < kNormVec; ++j) {
-          const int i = k * kNormVec + j;
-          if (e0 + j < h) out(e0 + j, xs[i], ds[i], ag[i], ab[i]);
+          for (int j = 0; j < kNormVec; ++j) {
+            const int i = k * kNormVec + j;
+            dx[j] = e0 + j < h ? out(e0 + j, to_float(xs[k].e[j]), to_float(ds[k].e[j]), ag[i], ab[i]) : 0.0f;
+          }
+          store_chunk(p.dx, p.x_dtype, r * h + e0, dx, h - e0 < kNormVec ? int(h - e0) : kNormVec, vec);
         }
       }
     } else {
@@ -335,12 +359,14 @@ template <typename InT, int NC> __global__ void bwd_kernel(NormBwdParams p, bool
         float cx[kNormVec], cd[kNormVec];
         load_chunk<InT>(x, e0, h, vec, cx);
         load_chunk<InT>(dz, e0, h, vec, cd);
+        float dx[kNormVec] = {};
         for (int j = 0; j < kNormVec && e0 + j < h; ++j) {
           float accg = pg[e0 + j], accb = pb ? pb[e0 + j] : 0.0f;
-          out(e0 + j, cx[j], cd[j], accg, accb);
+          dx[j] = out(e0 + j, cx[j], cd[j], accg, accb);
           pg[e0 + j] = accg;
           if (pb) pb[e0 + j] = accb;
         }
+        store_chunk(p.dx, p.x_dtype, r * h + e0, dx, h - e0 < kNormVec ? int(h - e0) : kNormVec, vec);
       }
     }
   }
