@@ -1,5 +1,5 @@
-"""transformer_engine_jax (`tej`): the project's fused activation + quantization kernels for JAX, through XLA's
-typed FFI, from the same torch-free core as transformer_engine_torch. Nothing here imports torch."""
+"""transformer_engine_jax (`tej`): the project's fused activation / normalization + quantization kernels for JAX,
+through XLA's typed FFI, from the same torch-free core as transformer_engine_torch. Nothing here imports torch."""
 # jaxlib first: it loads its own CUDA runtime, which our _ffi then shares (same soname). Loading _ffi first binds the
 # toolkit's older libcudart.so.13 into the process, and jaxlib's CUDA plugin crashed on it (segfault at import, H100).
 import jax.numpy  # noqa: F401  (isort: skip)
@@ -10,6 +10,7 @@ from .scaled_tensor import ScaledTensor
 from .activation import activation
 from .cpp_extensions import act_lu, dact_lu, quantize, quantize_dact_dbias, quantize_dbias
 from .dequantize import dequantize
+from .normalization import layernorm, normalization_bwd, normalization_fwd
 from .gemm import gemm
 from .grouped_gemm import grouped_gemm
 from .recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, Format, MXFP8BlockScaling,

@@ -281,6 +281,29 @@ class _Partitioned(NamedTuple):
     gated_out: bool = False
 
 
+def global_amax_call(call, quantizer, every: tuple, amax=None) -> list:
+    """A quantizing call on one shard of a tensor with the unsharded call's per-tensor amax: `call(amax, amax_only)`
+    -> its results (the amax result at index 4). Current scaling and NVFP4 take each shard's amax (an amax-only
+    call), MAX-reduce it over the mesh axes `every` that shard the tensor and cast with it; delayed scaling casts with
+    its scale and MAX-reduces the updated amax after the cast. `amax`: already reduced, given by the caller."""
+    own_amax = bool(every) and amax is None and _mode(quantizer) in _GLOBAL_AMAX
+    if own_amax:
+        amax = jax.lax.pmax(call(None, True)[4], every)
+    out = list(call(amax, False))
+    if every and _mode(quantizer) == ScalingMode.DELAYED_TENSOR_SCALING:
+        out[4] = jax.lax.pmax(out[4], every)  # max(history amax, the shard's) -> max(history amax, the tensor's)
+    if own_amax and _mode(quantizer) in _NVFP4 and not quantizer.q_layout.rowwise:
+        out[4] = jnp.zeros_like(out[4])  # NVFP4 colwise only: the unsharded call leaves its zero amax argument there
+    return out
+
+
+def split_groups(out, out_lead: tuple, groups: int) -> list:
+    """Results of a call on [groups * group, ...] rows with each one's rows axis (out_lead; None: none) split into
+    (groups, the rest): the shapes of the grouped view that partitions whole row groups."""
+    return [o if at is None else o.reshape(*o.shape[:at], groups, -1, *o.shape[at + 1:])
+            for o, at in zip(out, out_lead)]
+
+
 def _shard_call(c: _Partitioned, axes, last_axes, *arrays):
     """The call on one device's block of x; `axes`, `last_axes`: the mesh axes that shard its rows and its last dim
     (empty: all are here). Global amaxes (current scaling, NVFP4) are taken per shard and MAX-reduced over both
@@ -296,21 +319,13 @@ def _shard_call(c: _Partitioned, axes, last_axes, *arrays):
     core = x.shape if c.code is None else (*x.shape[:-2], x.shape[-2] * x.shape[-1])
     call = functools.partial(_call, c.target, c.op, c.code, c.backward, x=x, x_core_shape=core, dz=dz,
                              quantizer=quantizer, act_params=None if c.act_params is None else dict(c.act_params))
-    every = axes + last_axes
-    own_amax = bool(every) and amax is None and _mode(quantizer) in _GLOBAL_AMAX
-    if own_amax:
-        amax = jax.lax.pmax(call(False, amax_only=True)[0][4], every)
-    out, _ = call(c.with_dbias, amax=amax, dbias_fp32=bool(axes))
+    out = global_amax_call(lambda amax, amax_only: call(False, amax_only=True)[0] if amax_only else
+                           call(c.with_dbias, amax=amax, dbias_fp32=bool(axes))[0], quantizer, axes + last_axes, amax)
     out = list(out[:7 if c.with_dbias else 6])
-    if every and _mode(quantizer) == ScalingMode.DELAYED_TENSOR_SCALING:
-        out[4] = jax.lax.pmax(out[4], every)  # max(history amax, the shard's) -> max(history amax, the tensor's)
-    if own_amax and _mode(quantizer) in _NVFP4 and not quantizer.q_layout.rowwise:
-        out[4] = jnp.zeros_like(out[4])  # NVFP4 colwise only: the unsharded call leaves its zero amax argument there
     if axes and c.with_dbias:
         out[6] = jax.lax.psum(out[6], axes).astype(x.dtype)
-    if c.grouped:  # each piece's rows axis split into (groups, the rest)
-        out = [o if at is None else o.reshape(*o.shape[:at], groups, -1, *o.shape[at + 1:])
-               for o, at in zip(out, c.out_lead)]
+    if c.grouped:
+        out = split_groups(out, c.out_lead, groups)
     if c.gated_out:  # the 2K axis as (2, K): [..., 2K] -> [..., 2, K], [2K, ...] -> [2, K, ...]
         if c.out_last[0] is not None:
             out[0] = out[0].reshape(*out[0].shape[:-1], 2, -1)

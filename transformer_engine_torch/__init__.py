@@ -15,6 +15,8 @@ from .cast import __all__ as _cast_all
 from .dtypes import DType
 from .enums import FP8BwdTensors, FP8FwdTensors
 from .gemm import *  # noqa: F401,F403
+from .normalization import *  # noqa: F401,F403
+from .normalization import __all__ as _norm_all
 from .gemm import __all__ as _gemm_all
 from .collective import all_gather_gemm, gemm_reduce_scatter  # noqa: F401
 from .formats import *  # noqa: F401,F403  (quantizers and quantized tensors, one module per format)
@@ -32,4 +34,4 @@ __all__ = (["DType", "FP8FwdTensors", "FP8BwdTensors"] + _formats_all
            + ["Format", "Recipe", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling",
               "Float8BlockScaling", "autocast", "fp8_autocast", "Linear", "MLP", "init_fp8_state",
               "all_gather_gemm", "gemm_reduce_scatter"]
-           + _act_all + _cast_all + _gemm_all)
+           + _act_all + _cast_all + _gemm_all + _norm_all)

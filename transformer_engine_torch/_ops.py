@@ -135,3 +135,39 @@ def _grouped_gemm_fake(lhs, rhs, group_sizes, lhs_scale_inv, rhs_scale_inv, lhs_
     else:
         shape = (lhs.shape[0], rhs.shape[2] if rhs_kn else rhs.shape[1])
     return lhs.new_empty(shape, dtype=to_torch_dtype(out_dtype))
+
+
+def _register_norm_fwd_fake(op: str, layernorm: bool) -> None:
+    """layernorm_fwd / rmsnorm_fwd: the six pieces, mu and rsigma as the core plans the call (`_C.plan_norm_outputs`,
+    csrc/torch/normalization.cpp: the eager op's planner without a device)."""
+    schema = getattr(torch.ops.te, op).default._schema.arguments
+    names = [a.name for a in schema]
+
+    def fake(*args, **kwargs):
+        a = dict(zip(names, tuple(args) + tuple(kwargs.get(s.name, s.default_value) for s in schema[len(args):])))
+        _one_device(op, *a.values())
+        spec = (a["qkind"], a["qdtype"], a["rowwise"], a["columnwise"], a["qflags"], a["amax_epsilon"],
+                a["block_dim"], a["scale"] is not None, a["amax"] is not None)
+        x = a["input"]
+        bias = a.get("bias")
+        outs = _C.plan_norm_outputs(layernorm, _meta(x), _meta(a["weight"]), None if bias is None else _meta(bias),
+                                    float(a["eps"]), a["otype"], a["zero_centered_gamma"], spec)
+        return tuple(x.new_empty(shape, dtype=dtype) for shape, dtype in outs)
+
+    torch.library.register_fake(f"te::{op}")(fake)
+
+
+_register_norm_fwd_fake("layernorm_fwd", True)
+_register_norm_fwd_fake("rmsnorm_fwd", False)
+
+
+@torch.library.register_fake("te::layernorm_bwd")
+def _layernorm_bwd_fake(dz, x, mu, rsigma, gamma, sm_margin, zero_centered_gamma):
+    _one_device("layernorm_bwd", dz, x, mu, rsigma, gamma)
+    return x.new_empty(x.shape), gamma.new_empty(gamma.shape), gamma.new_empty(gamma.shape)
+
+
+@torch.library.register_fake("te::rmsnorm_bwd")
+def _rmsnorm_bwd_fake(dz, x, rsigma, gamma, sm_margin, zero_centered_gamma):
+    _one_device("rmsnorm_bwd", dz, x, rsigma, gamma)
+    return x.new_empty(x.shape), gamma.new_empty(gamma.shape)

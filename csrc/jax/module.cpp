@@ -12,6 +12,7 @@
 #include "collective.h"
 #include "gemm.h"
 #include "grouped_gemm.h"
+#include "norm.h"
 #include "quantizer_attrs.h"
 
 #define TE_JAX_DECLARE(name)                                  \
@@ -29,6 +30,8 @@ TE_JAX_DECLARE(TeDactLuDbiasQuantize)
 TE_JAX_DECLARE(TeQuantize)
 TE_JAX_DECLARE(TeGemm)
 TE_JAX_DECLARE(TeGroupedGemm)
+TE_JAX_DECLARE(TeNormFwd)
+TE_JAX_DECLARE(TeNormBwd)
 #if defined(TE_WITH_CUDA)
 TE_JAX_DECLARE_CUDA(TeCollectiveGemm)  // CUDA only: the CPU runs the ring as ppermutes
 #endif
@@ -50,6 +53,8 @@ py::dict cpu_targets() {
   d["te_quantize"] = capsule(TeQuantizeCpu);
   d["te_gemm"] = capsule(TeGemmCpu);
   d["te_grouped_gemm"] = capsule(TeGroupedGemmCpu);
+  d["te_norm_fwd"] = capsule(TeNormFwdCpu);
+  d["te_norm_bwd"] = capsule(TeNormBwdCpu);
   return d;
 }
 
@@ -67,6 +72,8 @@ py::dict cuda_targets() {
   d["te_quantize"] = stages(TeQuantizeCuda, TeQuantizeCudaInit);
   d["te_gemm"] = stages(TeGemmCuda, TeGemmCudaInit);
   d["te_grouped_gemm"] = stages(TeGroupedGemmCuda, TeGroupedGemmCudaInit);
+  d["te_norm_fwd"] = stages(TeNormFwdCuda, TeNormFwdCudaInit);
+  d["te_norm_bwd"] = stages(TeNormBwdCuda, TeNormBwdCudaInit);
   d["te_collective_gemm"] = stages(TeCollectiveGemmCuda, TeCollectiveGemmCudaInit);
 #endif
   return d;
@@ -236,6 +243,67 @@ py::dict plan_grouped_gemm(const std::vector<std::pair<std::vector<int64_t>, int
   return d;
 }
 
+// A planned piece as plain Python data: (present, dtype code, shape).
+py::tuple piece_tuple(const te::ops::PiecePlan& p) {
+  return py::make_tuple(p.present, int(p.dtype), std::vector<int64_t>(p.shape.dims, p.shape.dims + p.shape.ndim));
+}
+
+// A view of a planner's input: shape and dtype code, no data.
+te::ops::TensorView shape_view(const std::vector<int64_t>& dims, int64_t dtype, const char* op) {
+  te::ops::TensorView v;
+  v.shape = shape_of(dims, op);
+  v.dtype = te::DType(dtype);
+  return v;
+}
+
+// The plan of one te_norm_fwd call (norm.cpp) as plain Python data: {"pieces": [(present, dtype code, shape) x 7 in
+// te::ops::Piece order], "mu", "rsigma": (present, dtype code, shape), "workspace_bytes": n}. beta_dtype < 0: no
+// beta (RMSNorm). any_device as plan_act's.
+py::dict plan_norm_fwd(int64_t norm_type, bool zero_centered_gamma, double epsilon, int64_t otype,
+                       const std::vector<int64_t>& x_shape, int64_t x_dtype, const std::vector<int64_t>& gamma_shape,
+                       int64_t gamma_dtype, const std::vector<int64_t>& beta_shape, int64_t beta_dtype,
+                       const QuantizerAttrs& q, bool cuda, bool any_device) {
+  const char* op = norm_type == 1 ? "rmsnorm_fwd" : "layernorm_fwd";
+  const bool has_beta = beta_dtype >= 0;
+  const te::ops::NormFwdRequest r = norm_fwd_request(
+      norm_type, zero_centered_gamma, epsilon, otype, shape_view(x_shape, x_dtype, op),
+      shape_view(gamma_shape, gamma_dtype, op), has_beta,
+      has_beta ? shape_view(beta_shape, beta_dtype, op) : te::ops::TensorView{});
+  const te::ops::QuantSpec spec = spec_of(r.op, q);
+  te::ops::PlanOptions opt = plan_options(spec, q);
+  opt.any_device = any_device;
+  const te::ops::NormFwdPlan plan = te::ops::plan_norm_fwd(r, spec, plan_ctx(cuda), opt);
+  py::list pieces;
+  for (const te::ops::PiecePlan& p : plan.pieces) pieces.append(piece_tuple(p));
+  py::dict d;
+  d["pieces"] = pieces;
+  d["mu"] = piece_tuple(plan.mu);
+  d["rsigma"] = piece_tuple(plan.rsigma);
+  d["workspace_bytes"] = plan.workspace_bytes;
+  return d;
+}
+
+// The plan of one te_norm_bwd call: {"dx", "dgamma", "dbeta": (present, dtype code, shape), "workspace_bytes": n}.
+// mu_shape empty: no mu (RMSNorm).
+py::dict plan_norm_bwd(int64_t norm_type, bool zero_centered_gamma, const std::vector<int64_t>& dz_shape,
+                       int64_t dz_dtype, const std::vector<int64_t>& x_shape, int64_t x_dtype,
+                       const std::vector<int64_t>& mu_shape, const std::vector<int64_t>& rsigma_shape,
+                       int64_t stat_dtype, const std::vector<int64_t>& gamma_shape, int64_t gamma_dtype, bool cuda) {
+  const char* op = norm_type == 1 ? "rmsnorm_bwd" : "layernorm_bwd";
+  const bool has_mu = !mu_shape.empty();
+  const te::ops::NormBwdRequest r = norm_bwd_request(
+      norm_type, zero_centered_gamma, shape_view(dz_shape, dz_dtype, op), shape_view(x_shape, x_dtype, op), has_mu,
+      has_mu ? shape_view(mu_shape, stat_dtype, op) : te::ops::TensorView{}, shape_view(rsigma_shape, stat_dtype, op),
+      shape_view(gamma_shape, gamma_dtype, op));
+  const te::ops::NormBwdPlan plan = te::ops::plan_norm_bwd(r, plan_ctx(cuda));
+  py::dict d;
+  d["dx"] = piece_tuple(plan.dx);
+  d["dgamma"] = piece_tuple(plan.dgamma);
+  d["dbeta"] = piece_tuple(plan.dbeta);
+  d["workspace_bytes"] = plan.workspace_bytes;
+  return d;
+}
+
 // The core's activation table (producers/act_functors.h) as [(code, name, gated)], TE's codes only: tej derives its
 // activations from it, so a new activation needs no JAX-side row.
 py::list activations() {
@@ -347,6 +415,14 @@ PYBIND11_MODULE(_ffi, m) {
   m.def("plan_collective_gemm", &te_jax::plan_collective_gemm, py::arg("inputs"), py::arg("kind"), py::arg("tp"),
         py::arg("out_dtype"), py::arg("use_split_accumulator"), py::arg("sm_margin"), py::arg("keep_gathered"),
         py::arg("w_kn"), py::arg("cuda"));
+  m.def("plan_norm_fwd", &te_jax::plan_norm_fwd, py::arg("norm_type"), py::arg("zero_centered_gamma"),
+        py::arg("epsilon"), py::arg("otype"), py::arg("x_shape"), py::arg("x_dtype"), py::arg("gamma_shape"),
+        py::arg("gamma_dtype"), py::arg("beta_shape"), py::arg("beta_dtype"), py::arg("quantizer"), py::arg("cuda"),
+        py::arg("any_device") = false);
+  m.def("plan_norm_bwd", &te_jax::plan_norm_bwd, py::arg("norm_type"), py::arg("zero_centered_gamma"),
+        py::arg("dz_shape"), py::arg("dz_dtype"), py::arg("x_shape"), py::arg("x_dtype"), py::arg("mu_shape"),
+        py::arg("rsigma_shape"), py::arg("stat_dtype"), py::arg("gamma_shape"), py::arg("gamma_dtype"),
+        py::arg("cuda"));
   m.def("format_table", &te_jax::format_table);
   m.def("format_scale_shapes", [](int fmt, int64_t rows, int64_t cols) {
     return te_jax::copy_shapes(te::format_scale_shapes(te::format_of(fmt), rows, cols));

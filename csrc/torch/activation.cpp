@@ -13,12 +13,16 @@ using te::ops::Piece;
 using QOut = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 using QOutBias = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
 
+}  // namespace
+
 // The dtype of the 0-element tensor a quantizing op returns for a piece its plan leaves out: data pieces uint8 with
 // a quantizer, float32 without one; the rest float32. The eager ops and their fake kernels (plan_outputs) both use it.
 at::ScalarType absent_dtype(Piece p, te::QuantKind kind) {
   const bool data = p == te::ops::kRowData || p == te::ops::kColData;
   return data && kind != te::QuantKind::kNone ? at::kByte : at::kFloat;
 }
+
+namespace {
 
 // The buffers of one call as tensors, indexed by te::ops::Piece: the six quantized pieces of SPEC §1.4 in the order
 // the ops return them, then grad_bias. A path leaves the pieces it does not produce undefined, so that ops that
@@ -45,6 +49,8 @@ struct OpCall {
   int64_t rng_seed = -1, rng_offset = 0;
 };
 
+}  // namespace
+
 c10::IntArrayRef sizes_of(const te::ops::Shape& s) { return c10::IntArrayRef(s.dims, size_t(s.ndim)); }
 
 // A piece as the plan lays it out; a piece with room for scratch after its elements keeps its planned shape.
@@ -55,6 +61,8 @@ Tensor alloc_piece(const te::ops::PiecePlan& pc, const at::TensorOptions& option
   t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes_of(pc.shape));
   return t;
 }
+
+namespace {
 
 // The torch side of a request's checks (dtypes and devices of the torch tensors; the core plans and checks the rest)
 // and the input's core DType. Shared by the eager ops (prepare) and their fake kernels (plan_outputs).
@@ -179,12 +187,7 @@ OpCall make_call(const OpInfo& op, int64_t code, te::ActArgs args, const Tensor&
   return c;
 }
 
-#define TE_QSPEC_PARAMS                                                                                      \
-  int64_t qkind, int64_t qdtype, bool rowwise, bool columnwise, int64_t qflags, double amax_epsilon,         \
-      int64_t block_dim, const c10::optional<Tensor>&scale, const c10::optional<Tensor>&amax,                \
-      const c10::optional<Tensor>&noop
-#define TE_QSPEC_ARGS(op, input) \
-  make_spec(op, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax, noop, input)
+}  // namespace
 
 // The core's checked spec, then the checks of its tensors (one-element float32 on the input's device) and their
 // pointers.
@@ -207,6 +210,8 @@ te::ops::QuantSpec make_spec(const char* op, TE_QSPEC_PARAMS, const Tensor& inpu
   }
   return s;
 }
+
+namespace {
 
 Tensor act(const Tensor& x, int64_t code, double limit, double alpha, double offset) {
   return with_torch_errors([&] {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "../core/producers/activation.h"
-#include "../core/ops/buffers.h"
+#include "../core/ops/plan.h"
 
 #if defined(TE_WITH_CUDA)
 #include <ATen/cuda/CUDAContext.h>
@@ -116,6 +116,30 @@ std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> plan_outputs(const 
                                                                           const MetaTensor& x,
                                                                           const c10::optional<MetaTensor>& grad,
                                                                           const c10::optional<MetaSpec>& spec);
+
+// The quantizer spec arguments of a quantizing op's schema (SPEC §1.4), as C++ parameters and as make_spec's
+// arguments.
+#define TE_QSPEC_PARAMS                                                                                      \
+  int64_t qkind, int64_t qdtype, bool rowwise, bool columnwise, int64_t qflags, double amax_epsilon,         \
+      int64_t block_dim, const c10::optional<Tensor>&scale, const c10::optional<Tensor>&amax,                \
+      const c10::optional<Tensor>&noop
+#define TE_QSPEC_ARGS(op, input) \
+  make_spec(op, qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, scale, amax, noop, input)
+
+// The core's checked spec of a quantizing op's arguments, then the checks of its tensors (one-element float32 on
+// the input's device) and their pointers (activation.cpp).
+te::ops::QuantSpec make_spec(const char* op, TE_QSPEC_PARAMS, const Tensor& input);
+// The dtype of the 0-element tensor a quantizing op returns for a piece its plan leaves out (activation.cpp).
+at::ScalarType absent_dtype(te::ops::Piece p, te::QuantKind kind);
+c10::IntArrayRef sizes_of(const te::ops::Shape& s);
+// A piece as the plan lays it out (room for scratch after its elements kept, its planned shape shown).
+Tensor alloc_piece(const te::ops::PiecePlan& pc, const at::TensorOptions& options);
+
+// The outputs of layernorm_fwd / rmsnorm_fwd as the core plans the call (normalization.cpp): the six quantized
+// pieces, mu (a 0-element placeholder for RMSNorm) and rsigma; the fake kernels' shapes. spec.qkind 0: plain output.
+std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> plan_norm_outputs(
+    bool layernorm, const MetaTensor& x, const MetaTensor& gamma, const c10::optional<MetaTensor>& beta, double eps,
+    int64_t otype, bool zero_centered_gamma, const MetaSpec& spec);
 
 #if defined(TE_WITH_CUDA)
 inline cudaStream_t current_stream() { return at::cuda::getCurrentCUDAStream(); }

@@ -275,6 +275,9 @@ bool meta_tensor(PyObject* obj, MetaTensor& t) {
   return true;
 }
 
+bool meta_spec(PyObject* spec_obj, MetaSpec& m);
+PyObject* shape_list(const std::vector<std::pair<std::vector<int64_t>, at::ScalarType>>& outs);
+
 // `plan_outputs(op, act, x, grad, spec)`: the (sizes, dtype) of each tensor the te op `op` returns, from the core's
 // plan of the call (bridge.h plan_outputs); the fake kernels' shapes. x, grad: (sizes, dtype, device string) or
 // None; spec: (qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, has_scale, has_amax) or None.
@@ -294,30 +297,42 @@ PyObject* plan_outputs_py(PyObject* /*module*/, PyObject* args) {
   c10::optional<MetaSpec> spec;
   if (spec_obj != Py_None) {
     MetaSpec m;
-    long long qkind = 0, qdtype = 0, qflags = 0, block_dim = 1;
-    int rowwise = 1, columnwise = 1, has_scale = 0, has_amax = 0;
-    if (!PyArg_ParseTuple(spec_obj, "LLppLdLpp", &qkind, &qdtype, &rowwise, &columnwise, &qflags, &m.amax_epsilon,
-                          &block_dim, &has_scale, &has_amax)) {
-      return nullptr;
-    }
-    m.qkind = qkind;
-    m.qdtype = qdtype;
-    m.rowwise = rowwise != 0;
-    m.columnwise = columnwise != 0;
-    m.qflags = qflags;
-    m.block_dim = block_dim;
-    m.has_scale = has_scale != 0;
-    m.has_amax = has_amax != 0;
+    if (!meta_spec(spec_obj, m)) return nullptr;
     spec = m;
   }
+  return shape_list(plan_outputs(op, int64_t(act), x, grad, spec));
+  END_HANDLE_TH_ERRORS
+}
+
+// (qkind, qdtype, rowwise, columnwise, qflags, amax_epsilon, block_dim, has_scale, has_amax) as the planner's spec;
+// false with a Python error set when it is not one.
+bool meta_spec(PyObject* spec_obj, MetaSpec& m) {
+  long long qkind = 0, qdtype = 0, qflags = 0, block_dim = 1;
+  int rowwise = 1, columnwise = 1, has_scale = 0, has_amax = 0;
+  if (!PyArg_ParseTuple(spec_obj, "LLppLdLpp", &qkind, &qdtype, &rowwise, &columnwise, &qflags, &m.amax_epsilon,
+                        &block_dim, &has_scale, &has_amax)) {
+    return false;
+  }
+  m.qkind = qkind;
+  m.qdtype = qdtype;
+  m.rowwise = rowwise != 0;
+  m.columnwise = columnwise != 0;
+  m.qflags = qflags;
+  m.block_dim = block_dim;
+  m.has_scale = has_scale != 0;
+  m.has_amax = has_amax != 0;
+  return true;
+}
+
+// [(sizes, dtype), ...] as a Python list.
+PyObject* shape_list(const std::vector<std::pair<std::vector<int64_t>, at::ScalarType>>& outs) {
   PyObject* result = PyList_New(0);
   if (result == nullptr) return nullptr;
-  for (const auto& [sizes, dtype] : plan_outputs(op, int64_t(act), x, grad, spec)) {
+  for (const auto& [sizes, dtype] : outs) {
     PyObject* shape = PyTuple_New(Py_ssize_t(sizes.size()));
     for (size_t j = 0; shape != nullptr && j < sizes.size(); ++j) {
       PyTuple_SET_ITEM(shape, Py_ssize_t(j), PyLong_FromLongLong(sizes[j]));
     }
-    // "N" hands the shape's reference to the pair, "O" takes one of the (registry-owned) dtype.
     PyObject* pair = shape != nullptr ? Py_BuildValue("(NO)", shape, torch::getTHPDtype(dtype)) : nullptr;
     const bool ok = pair != nullptr && PyList_Append(result, pair) == 0;
     Py_XDECREF(pair);
@@ -327,10 +342,38 @@ PyObject* plan_outputs_py(PyObject* /*module*/, PyObject* args) {
     }
   }
   return result;
+}
+
+// `plan_norm_outputs(layernorm, x, gamma, beta, eps, otype, zero_centered_gamma, spec)`: the (sizes, dtype) of each
+// tensor layernorm_fwd / rmsnorm_fwd return (bridge.h plan_norm_outputs); x, gamma, beta as plan_outputs' tensors
+// (beta may be None), spec as plan_outputs' (qkind 0: plain output).
+PyObject* plan_norm_outputs_py(PyObject* /*module*/, PyObject* args) {
+  HANDLE_TH_ERRORS
+  int layernorm = 0, zero_centered = 0;
+  double eps = 0.0;
+  long long otype = 0;
+  PyObject *x_obj = nullptr, *g_obj = nullptr, *b_obj = nullptr, *spec_obj = nullptr;
+  if (!PyArg_ParseTuple(args, "pO!O!OdLpO!", &layernorm, &PyTuple_Type, &x_obj, &PyTuple_Type, &g_obj, &b_obj, &eps,
+                        &otype, &zero_centered, &PyTuple_Type, &spec_obj)) {
+    return nullptr;
+  }
+  MetaTensor x, g;
+  if (!meta_tensor(x_obj, x) || !meta_tensor(g_obj, g)) return nullptr;
+  c10::optional<MetaTensor> b;
+  if (b_obj != Py_None) {
+    b.emplace();
+    if (!meta_tensor(b_obj, *b)) return nullptr;
+  }
+  MetaSpec m;
+  if (!meta_spec(spec_obj, m)) return nullptr;
+  return shape_list(plan_norm_outputs(layernorm != 0, x, g, b, eps, int64_t(otype), zero_centered != 0, m));
   END_HANDLE_TH_ERRORS
 }
 
 PyMethodDef methods[] = {
+    {"plan_norm_outputs", &plan_norm_outputs_py, METH_VARARGS,
+     "plan_norm_outputs(layernorm, x, gamma, beta, eps, otype, zero_centered_gamma, spec): the (sizes, dtype) of each "
+     "tensor layernorm_fwd / rmsnorm_fwd return, from the core's plan (the fake kernels' shapes)."},
     {"built_with_cuda", &built_with_cuda, METH_NOARGS, "built_with_cuda(): whether this build has the CUDA kernels."},
     {"cublaslt_version", &cublaslt_version, METH_NOARGS,
      "cublaslt_version(): cublasLtGetVersion() of the loaded library (0 in a CPU-only build)."},

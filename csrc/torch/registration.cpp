@@ -58,6 +58,17 @@ TORCH_LIBRARY(te, m) {
             ", Tensor(b!)? row_data=None, Tensor(c!)? row_scale_inv=None, Tensor(d!)? col_data=None, "
             "Tensor(e!)? col_scale_inv=None) -> ()", seeded);
   def_op(m, "bgrad_quantize(Tensor x, " TE_QSPEC ") -> (Tensor, " TE_QOUT ")", seeded);
+  // LayerNorm / RMSNorm (SPEC §11; csrc/core/ops/norm_op.h): TE's argument order, ln_out handled by the wrapper;
+  // otype is the plain output's DType code (qkind 0). Returns the six quantized pieces (the plain output in the
+  // first), then mu (0 elements for RMSNorm) and rsigma, FP32 [rows].
+  def_op(m, "layernorm_fwd(Tensor input, Tensor weight, Tensor bias, float eps, int otype, int sm_margin, "
+            "bool zero_centered_gamma, " TE_QSPEC ") -> (" TE_QOUT ", Tensor, Tensor)", seeded);
+  def_op(m, "rmsnorm_fwd(Tensor input, Tensor weight, float eps, int otype, int sm_margin, bool zero_centered_gamma, "
+            TE_QSPEC ") -> (" TE_QOUT ", Tensor, Tensor)", seeded);
+  def_op(m, "layernorm_bwd(Tensor dz, Tensor x, Tensor mu, Tensor rsigma, Tensor gamma, int sm_margin, "
+            "bool zero_centered_gamma) -> (Tensor, Tensor, Tensor)");
+  def_op(m, "rmsnorm_bwd(Tensor dz, Tensor x, Tensor rsigma, Tensor gamma, int sm_margin, bool zero_centered_gamma) "
+            "-> (Tensor, Tensor)");
   def_op(m, "dequantize_fp8(Tensor data, Tensor scale_inv, int fp8_dtype, ScalarType otype) -> Tensor");
   def_op(m, "compute_amax(Tensor x, Tensor(a!) amax) -> ()");
   def_op(m, "fused_amax_and_scale_update(Tensor? amax_reduction_buffer, Tensor(a!)[] amax_histories, "

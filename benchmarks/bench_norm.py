@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""LayerNorm / RMSNorm benchmark (issue 35 item 1 targets): forward with plain, FP8 delayed, FP8 current and MXFP8
+output and the backward, at hidden 4096 and 8192 x 16384 rows (bf16 input, FP32 gamma/beta).
+
+Each case is VALIDATED first (the output bytes equal tex.quantize of the FP32 y the SPEC §11 output step gives from
+the op's own statistics; the backward against float64 math), then timed (median, L2 flushed: benchmarks/_harness.py
+Timer), beside a device-to-device copy of the same run (copy bandwidth) and torch.compile of the same math. Reported
+per row: us, GB/s of the byte floor, % of copy bandwidth, ratio to the byte floor's time at copy bandwidth, speed-up
+over torch.compile, and MET / NOT MET against the targets:
+  RMSNorm -> FP8 current scaling <= 1.1x its byte floor (floor: 2 reads of x + 1 byte written per element);
+  FP8 delayed and MXFP8 forward >= 88 % of copy bandwidth; backward >= 80 %; every row >= 1.5x torch.compile.
+Usage: python3 benchmarks/bench_norm.py [--quick] [--out-dir DIR]  (JSON written to DIR/bench_norm.json)
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import _harness as H  # noqa: E402
+
+EPS = 1e-5
+ROWS = 16384
+HIDDENS = (4096, 8192)
+
+
+def torch_norm(kind, x, gamma, beta):
+    """The same math in PyTorch (FP32 statistics), for torch.compile."""
+    xf = x.float()
+    if kind == "ln":
+        mu = xf.mean(-1, keepdim=True)
+        var = ((xf - mu) ** 2).mean(-1, keepdim=True)
+        rs = torch.rsqrt(var + EPS)
+        return (xf - mu) * rs * gamma + beta, mu, rs
+    rs = torch.rsqrt((xf * xf).mean(-1, keepdim=True) + EPS)
+    return xf * rs * gamma, None, rs
+
+
+def torch_fp8(y, scale):
+    return (y * scale).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def torch_norm_bwd(kind, dz, x, mu, rs, gamma):
+    xf, dzf = x.float(), dz.float()
+    xhat = (xf - mu) * rs if kind == "ln" else xf * rs
+    dyg = dzf * gamma
+    inner = dyg - xhat * (dyg * xhat).mean(-1, keepdim=True)
+    if kind == "ln":
+        inner = inner - dyg.mean(-1, keepdim=True)
+    return (rs * inner).to(x.dtype), (dzf * xhat).sum(0), dzf.sum(0)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out-dir", default="benchmarks/results/norm")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_norm: needs CUDA")
+        return 2
+    import transformer_engine_torch as tex
+    from tests.ref.normalization import norm_output_f32
+
+    dev = "cuda"
+    timer = H.Timer(quick=args.quick)
+    copy = H.measure_copy_bandwidth(timer)
+    bw = copy["gbs"]
+    print(f"copy bandwidth {bw:.0f} GB/s ({timer.method})")
+    rows_out = []
+    ok = True
+    e4 = tex.DType.kFloat8E4M3
+
+    def quantizer(kind):
+        if kind == "delayed":
+            return tex.Float8Quantizer(torch.tensor([3.0], device=dev), torch.zeros(1, device=dev), e4,
+                                       columnwise=False)
+        if kind == "current":
+            return tex.Float8CurrentScalingQuantizer(e4, columnwise=False)
+        if kind == "mxfp8":
+            return tex.MXFP8Quantizer(e4, columnwise=False)
+        return None
+
+    for h in HIDDENS:
+        g = torch.Generator(device=dev).manual_seed(h)
+        x = torch.randn(ROWS, h, device=dev, dtype=torch.bfloat16, generator=g)
+        gamma = torch.randn(h, device=dev, generator=g)
+        beta = torch.randn(h, device=dev, generator=g)
+        dz = torch.randn(ROWS, h, device=dev, dtype=torch.bfloat16, generator=g)
+        n = x.numel()
+        for kind in ("rms", "ln"):
+            def fwd(q, otype=torch.bfloat16):
+                if kind == "ln":
+                    return tex.layernorm_fwd(x, gamma, beta, EPS, None, q, otype, 0, False)
+                return tex.rmsnorm_fwd(x, gamma, EPS, None, q, otype, 0, False)
+
+            for qk in ("plain", "delayed", "current", "mxfp8"):
+                q = quantizer(qk)
+                out, mu, rs = fwd(q)
+                # Validation: the op's bytes equal tex.quantize of the FP32 y of its own statistics.
+                y = norm_output_f32(x, None if kind == "rms" else mu, rs, gamma, None if kind == "rms" else beta)
+                try:
+                    if q is None:
+                        assert torch.equal(out, y.to(torch.bfloat16))
+                    else:
+                        ref = tex.quantize(y, quantizer(qk))
+                        for k, v in vars(ref).items():
+                            if isinstance(v, torch.Tensor) and k != "_amax":
+                                assert torch.equal(getattr(out, k), v), k
+                    valid = True
+                except AssertionError as e:
+                    valid, ok = False, False
+                    print(f"VALIDATION FAILED {kind} {qk} h={h}: {e}")
+                us = timer.gpu_us(lambda: fwd(q))
+                floor_b = {"plain": 4, "delayed": 3, "current": 5, "mxfp8": 3 + 1 / 32}[qk] * n
+                ref_fn = torch.compile(lambda: (lambda r: r[0].to(torch.bfloat16) if qk == "plain" else
+                                                torch_fp8(r[0], 3.0))(torch_norm(kind, x, gamma, beta)))
+                try:
+                    tc_us = timer.gpu_us(ref_fn)
+                except Exception as e:  # noqa: BLE001
+                    tc_us = float("nan")
+                    print(f"torch.compile failed: {e}")
+                gbs = floor_b / us / 1e3
+                row = {"op": f"{kind}norm_fwd", "quant": qk, "hidden": h, "rows": ROWS, "us": us, "gbs": gbs,
+                       "pct_copy": 100 * gbs / bw, "floor_ratio": us / (floor_b / bw / 1e3),
+                       "vs_compile": tc_us / us, "valid": valid}
+                targets = [("vs_compile >= 1.5", row["vs_compile"] >= 1.5)]
+                if kind == "rms" and qk == "current":
+                    targets.append(("floor_ratio <= 1.1", row["floor_ratio"] <= 1.1))
+                if qk in ("delayed", "mxfp8"):
+                    targets.append(("pct_copy >= 88", row["pct_copy"] >= 88))
+                row["targets"] = {t: ("MET" if m else "NOT MET") for t, m in targets}
+                rows_out.append(row)
+            _, mu, rs = fwd(None, torch.float32)
+
+            def bwd():
+                if kind == "ln":
+                    return tex.layernorm_bwd(dz, x, mu, rs, gamma, 0, False)
+                return tex.rmsnorm_bwd(dz, x, rs, gamma, 0, False)
+
+            res = bwd()
+            mu2 = None if kind == "rms" else mu[:, None]
+            r64 = torch_norm_bwd(kind, dz.double(), x.double(), None if mu2 is None else mu2.double(),
+                                 rs[:, None].double(), gamma.double())
+            valid = bool(torch.allclose(res[0].double(), r64[0].double(), rtol=2e-2, atol=5e-2)
+                         and torch.allclose(res[1].double(), r64[1], rtol=1e-3, atol=1e-1))
+            ok = ok and valid
+            us = timer.gpu_us(bwd)
+            floor_b = 6 * n  # read dz, x; write dx (bf16)
+            tc = torch.compile(lambda: torch_norm_bwd(kind, dz, x, mu2, rs[:, None], gamma))
+            try:
+                tc_us = timer.gpu_us(tc)
+            except Exception as e:  # noqa: BLE001
+                tc_us = float("nan")
+                print(f"torch.compile failed: {e}")
+            gbs = floor_b / us / 1e3
+            row = {"op": f"{kind}norm_bwd", "quant": "-", "hidden": h, "rows": ROWS, "us": us, "gbs": gbs,
+                   "pct_copy": 100 * gbs / bw, "floor_ratio": us / (floor_b / bw / 1e3), "vs_compile": tc_us / us,
+                   "valid": valid}
+            row["targets"] = {"pct_copy >= 80": "MET" if row["pct_copy"] >= 80 else "NOT MET",
+                              "vs_compile >= 1.5": "MET" if row["vs_compile"] >= 1.5 else "NOT MET"}
+            rows_out.append(row)
+    print(f"{'op':14} {'quant':8} {'H':>5} {'us':>8} {'GB/s':>7} {'%copy':>6} {'xfloor':>6} {'xcompile':>8} valid "
+          "targets")
+    for r in rows_out:
+        t = ", ".join(f"{k}: {v}" for k, v in r["targets"].items())
+        print(f"{r['op']:14} {r['quant']:8} {r['hidden']:>5} {r['us']:8.1f} {r['gbs']:7.0f} {r['pct_copy']:6.1f} "
+              f"{r['floor_ratio']:6.2f} {r['vs_compile']:8.2f} {r['valid']!s:5} {t}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    with open(os.path.join(args.out_dir, "bench_norm.json"), "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "copy": copy, "rows": rows_out}, f, indent=1)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
