@@ -18,6 +18,7 @@ from .recipe import (DelayedScaling, Float8BlockScaling, Float8CurrentScaling, F
                      update_quantizer_set)
 from .dense import dense
 from .mlp import mlp
+from .layernorm_dense import layernorm_dense, layernorm_mlp
 from .grouped_dense import grouped_dense
 from . import collective
 from . import collective_nccl

@@ -176,25 +176,34 @@ def qs_cotangent(qs: QuantizerSet | None, amaxes):
     return QuantizerSet(*(amax_cotangent(q, a) for q, a in zip(qs, amaxes)))
 
 
+def dq_dtype(t):
+    """The dtype of a plain array, or the one a ScaledTensor dequantizes to (its source's)."""
+    return t.dq_dtype if isinstance(t, ScaledTensor) else t.dtype
+
+
 def amax_of(t):
     return t.amax if isinstance(t, ScaledTensor) else None
 
 
 # ---- the layer -------------------------------------------------------------------------------------------------
-def _fwd(x, kernel, bias, qs, kernel_last, sp):
-    """y [..., N] and the residuals; x [..., K] (its token dims, keeps_leading_dims), kernel [K, N] ([N, K] when
-    kernel_last), bias [N] or None; sp: the sequence_parallel switch of the fprop and dgrad GEMMs."""
-    fdims = ((x.ndim - 1,), (1,) if kernel_last else (0,))
+def fwd(x, kernel, bias, qs, kernel_last, sp):
+    """y [..., N] and the residuals; x [..., K] (its token dims, keeps_leading_dims), or x already quantized by
+    qs.x (a ScaledTensor: layernorm_dense's normalized x), kernel [K, N] ([N, K] when kernel_last), bias [N] or
+    None; sp: the sequence_parallel switch of the fprop and dgrad GEMMs."""
+    dtype = dq_dtype(x)
+    fdims = ((len(x.shape) - 1,), (1,) if kernel_last else (0,))
     if qs is None:
-        y = mm(x, kernel, fdims, x.dtype, FPROP, bias, sp)
+        y = mm(x, kernel, fdims, dtype, FPROP, bias, sp)
         return y, (x, kernel, None, (None, None))
-    xq, kq = quantize(x, qs.x), quantize(kernel, qs.kernel)
-    y = mm(xq, kq, fdims, x.dtype, FPROP, bias, sp)
+    xq = x if isinstance(x, ScaledTensor) else quantize(x, qs.x)
+    kq = quantize(kernel, qs.kernel)
+    y = mm(xq, kq, fdims, dtype, FPROP, bias, sp)
     # Residuals: x's colwise copy (wgrad), the kernel's copy the dgrad contracts over N with.
     return y, (copy_for(xq, False), copy_for(kq, not kernel_last), qs, (xq.amax, kq.amax))
 
 
-def _bwd(kernel_last, with_bias, dtype, sp, res, dy):
+def bwd(kernel_last, with_bias, dtype, sp, res, dy):
+    """(dx, dkernel, dbias, the quantizer set's cotangent) from fwd's residuals."""
     x_res, k_res, qs, (x_amax, k_amax) = res
     ddims = ((dy.ndim - 1,), (0,) if kernel_last else (1,))
     if qs is None:
@@ -211,18 +220,18 @@ def _bwd(kernel_last, with_bias, dtype, sp, res, dy):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
 def _dense2d(x, kernel, bias, qs, kernel_last, sp):
-    return _fwd(x, kernel, bias, qs, kernel_last, sp)[0]
+    return fwd(x, kernel, bias, qs, kernel_last, sp)[0]
 
 
 def _dense2d_fwd(x, kernel, bias, qs, kernel_last, sp):
-    y, res = _fwd(x, kernel, bias, qs, kernel_last, sp)
+    y, res = fwd(x, kernel, bias, qs, kernel_last, sp)
     return y, (res, bias is not None)
 
 
 def _dense2d_bwd(kernel_last, sp, saved, dy):
     res, with_bias = saved
-    dtype = (res[0].dq_dtype if isinstance(res[0], ScaledTensor) else res[0].dtype)
-    dx, dk, db, dqs = _bwd(kernel_last, with_bias, dtype, sp, res, dy.astype(dtype))
+    dtype = dq_dtype(res[0])
+    dx, dk, db, dqs = bwd(kernel_last, with_bias, dtype, sp, res, dy.astype(dtype))
     return dx, dk, db, dqs
 
 

@@ -3,8 +3,9 @@ transformer_engine_jax` never imports this module: `tej.flax` loads it on first 
 
 `Dense` has the parameters and initializers of `flax.nnx.Linear` (kernel [in, out], bias [out]); `MLP` holds fc1
 [hidden, A·ffn] (A = 2 for a gated activation, the activated half first, as tej.mlp's w1 [K, A, F] reshaped) and fc2
-[ffn, hidden]. `MoEMLP` holds the same pair per expert ([E, ...]). All quantize as the enclosing `tej.autocast` says,
-read while tracing.
+[ffn, hidden]. `MoEMLP` holds the same pair per expert ([E, ...]). LayerNorm, LayerNormDenseGeneral, LayerNormMLP and
+TransformerLayer (TE's names and parameters) live in flax_transformer.py and are exported here. All quantize as the
+enclosing `tej.autocast` says, read while tracing.
 
 The one invariant: delayed scaling's state (scales, amax histories) is a `QuantizerSet` held in an `FP8Meta`
 variable — its own collection, not `nnx.Param`, so optimizers leave it alone — and it changes only through its
@@ -31,73 +32,18 @@ import jax.numpy as jnp
 from flax import nnx
 from flax.nnx.nn import dtypes
 
+from ._flax_base import FP8Meta, _Quantized, default_bias_init, default_kernel_init
 from .activation import activation
 from .activation_types import activation_of
 from .dense import dense
+from .flax_transformer import LayerNorm, LayerNormDenseGeneral, LayerNormMLP, TransformerLayer
 from .grouped_dense import grouped_dense
 from .mlp import mlp
 from .quantizers import DelayedScaleQuantizer, Quantizer
-from .recipe import (DelayedScaling, NVFP4BlockScaling, QuantizerSet, get_autocast_recipe, make_quantizer_set,
-                     update_quantizer_set)
+from .recipe import QuantizerSet, update_quantizer_set
 
-__all__ = ["FP8Meta", "Dense", "MLP", "MoEMLP", "update_fp8_meta"]
-
-# flax.nnx.Linear's defaults.
-default_kernel_init = nnx.initializers.lecun_normal()
-default_bias_init = nnx.initializers.zeros_init()
-
-
-@nnx.register_variable_name("fp8_meta", overwrite=True)
-class FP8Meta(nnx.Variable):
-    """A layer's delayed-scaling state: its QuantizerSet (Dense) or pair of sets (MLP, MoEMLP: fc1's, fc2's), None
-    when it has none. Linen collection name "fp8_meta"."""
-
-
-def _delayed_state(recipe, n_sets: int):
-    """The fresh state of a layer with `n_sets` quantizer sets under `recipe`, None unless it is delayed."""
-    if not isinstance(recipe, DelayedScaling):
-        return None
-    sets = tuple(make_quantizer_set(recipe) for _ in range(n_sets))
-    return sets[0] if n_sets == 1 else sets
-
-
-def _same_layout(a, b) -> bool:
-    """Same quantizers (formats, margin, algorithm: the treedef) and history lengths."""
-    la, ta = jax.tree_util.tree_flatten(a)
-    lb, tb = jax.tree_util.tree_flatten(b)
-    return ta == tb and all(jnp.shape(x) == jnp.shape(y) for x, y in zip(la, lb))
-
-
-class _Quantized(nnx.Module):
-    """Holds `fp8_meta` and resolves the quantizer sets of one call."""
-
-    _n_sets = 1
-
-    def _init_fp8_meta(self):
-        self.fp8_meta = FP8Meta(_delayed_state(get_autocast_recipe(), self._n_sets))
-
-    def _quantizer_sets(self, rngs):
-        """The stored delayed state (created or restarted to match the recipe); a stateless recipe's fresh sets
-        (NVFP4's stochastic rounding keyed from `rngs`); None outside autocast."""
-        recipe = get_autocast_recipe()
-        if recipe is None:
-            return None
-        if not isinstance(recipe, DelayedScaling):
-            key = None
-            if isinstance(recipe, NVFP4BlockScaling) and not recipe.disable_stochastic_rounding:
-                if rngs is None:
-                    raise ValueError(f"tej.flax.{type(self).__name__}: NVFP4BlockScaling(disable_stochastic_rounding="
-                                     f"False) rounds the gradients stochastically: call the layer with rngs= (an "
-                                     f"nnx.Rngs, or a jax PRNG key, fresh each step)")
-                key = rngs() if isinstance(rngs, nnx.Rngs) else rngs
-            sets = tuple(make_quantizer_set(recipe, None if key is None else jax.random.fold_in(key, i))
-                         for i in range(self._n_sets))
-            return sets[0] if self._n_sets == 1 else sets
-        fresh = _delayed_state(recipe, self._n_sets)
-        if not _same_layout(self.fp8_meta.get_value(), fresh):
-            self.fp8_meta.set_value(fresh)
-        return self.fp8_meta.get_value()
-
+__all__ = ["FP8Meta", "Dense", "MLP", "MoEMLP", "update_fp8_meta", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP",
+           "TransformerLayer"]
 
 class Dense(_Quantized):
     """y = x·kernel + bias through `tej.dense`; parameters, initializers and dtype promotion as `flax.nnx.Linear`

@@ -20,19 +20,21 @@ import jax
 
 from .activation_types import activation_of
 from .cpp_extensions import act_lu, dact_lu, quantize, quantize_dact_dbias
-from .dense import (DGRAD, FPROP, WGRAD, amax_of, as_matrix, check_alignment, check_float, copy_for, flat,
+from .dense import (DGRAD, FPROP, WGRAD, amax_of, as_matrix, check_alignment, check_float, copy_for, dq_dtype, flat,
                     keeps_leading_dims, lead_dims, mm, qs_cotangent, quantize_grad, resolve_quantizer_set, wgrad_plain)
+from .scaled_tensor import ScaledTensor
 
 __all__ = ["mlp"]
 
 
-def _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp):
-    """y [..., N] and the residuals; x [..., K] (its token dims, keeps_leading_dims), w1 [K, A*F], b1 [A*F], w2 [F, N],
-    b2 [N]; sp: sequence_parallel (the row-parallel fc2 fprop and the column-parallel fc1 dgrad reduce-scatter along
-    the tokens)."""
-    lead, dtype, fdims = x.shape[:-1], x.dtype, ((x.ndim - 1,), (0,))
+def fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp):
+    """y [..., N] and the residuals; x [..., K] (its token dims, keeps_leading_dims), or x already quantized by
+    qs1.x (a ScaledTensor: layernorm_mlp's normalized x), w1 [K, A*F], b1 [A*F], w2 [F, N], b2 [N]; sp:
+    sequence_parallel (the row-parallel fc2 fprop and the column-parallel fc1 dgrad reduce-scatter along the
+    tokens)."""
+    lead, dtype, fdims = tuple(x.shape[:-1]), dq_dtype(x), ((len(x.shape) - 1,), (0,))
     q = qs1 is not None
-    xq = quantize(x, qs1.x) if q else x
+    xq = quantize(x, qs1.x) if q and not isinstance(x, ScaledTensor) else x
     w1q = quantize(w1, qs1.kernel) if q else w1
     h = mm(xq, w1q, fdims, dtype, FPROP, b1, sp)                                  # [..., A*F]
     a = act_lu(h.reshape(lead + (a_dim, -1)), act, quantizer=qs2.x if q else None)  # [..., F], quantized for GEMM 2
@@ -56,7 +58,8 @@ def _dact(da, h3, act, q, with_dbias, gated):
     return as_matrix(dh, lead, cols), db, dh.amax
 
 
-def _bwd(act, a_dim, gated, sp, with_b1, with_b2, res, dy):
+def bwd(act, a_dim, gated, sp, with_b1, with_b2, res, dy):
+    """(dx, dw1, db1, dw2, db2, dqs1, dqs2) from fwd's residuals."""
     x_r, w1_r, h, a_r, w2_r, qs1, qs2, (x_amax, w1_amax, a_amax, w2_amax) = res
     dtype = h.dtype
     dy = dy.astype(dtype)
@@ -83,17 +86,17 @@ def _bwd(act, a_dim, gated, sp, with_b1, with_b2, res, dy):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
 def _mlp2d(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp):
-    return _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp)[0]
+    return fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp)[0]
 
 
 def _mlp2d_fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp):
-    y, res = _fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp)
+    y, res = fwd(x, w1, b1, w2, b2, qs1, qs2, act, a_dim, sp)
     return y, (res, b1 is not None, b2 is not None)
 
 
 def _mlp2d_bwd(act, a_dim, sp, saved, dy):
     res, with_b1, with_b2 = saved
-    return _bwd(act, a_dim, activation_of(act).gated, sp, with_b1, with_b2, res, dy)
+    return bwd(act, a_dim, activation_of(act).gated, sp, with_b1, with_b2, res, dy)
 
 
 _mlp2d.defvjp(_mlp2d_fwd, _mlp2d_bwd)
