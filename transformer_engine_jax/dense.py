@@ -37,7 +37,7 @@ from .scaled_tensor import ScaledTensor
 
 __all__ = ["dense"]
 
-_EMULATED = (ScalingMode.MXFP8_1D_SCALING, ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
+_EMULATED = (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
 _BLOCK = (ScalingMode.BLOCK_SCALING_1x128, ScalingMode.BLOCK_SCALING_128x128)
 _PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)
 _FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))

@@ -38,7 +38,8 @@ _TARGET = "te_gemm"
 _PLAIN = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 # te::GemmScaling codes of the ScaledTensor modes the GEMM takes.
 _SCALING = {ScalingMode.DELAYED_TENSOR_SCALING: 1, ScalingMode.CURRENT_TENSOR_SCALING: 1,
-            ScalingMode.BLOCK_SCALING_1x128: 4, ScalingMode.BLOCK_SCALING_128x128: 5}
+            ScalingMode.MXFP8_1D_SCALING: 2, ScalingMode.BLOCK_SCALING_1x128: 4,
+            ScalingMode.BLOCK_SCALING_128x128: 5}
 _PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)
 # jax's matmul precision names under which fp32 operands may run on TF32 tensor cores; anything else (the default
 # included) keeps full FP32, as torch's default "highest" does.
@@ -111,8 +112,8 @@ def _scaled_operand(x: ScaledTensor, contract, name) -> _Operand:
     if mode not in _SCALING:
         raise NotImplementedError(
             f"tej.gemm: not yet supported: {name} {describe(x)}: {mode.name} GEMMs run in the torch frontend "
-            f"(native on sm_100, emulated on sm_90 and the CPU, SPEC §6.7) but not yet through tej; dequantize it "
-            f"(x.dequantize()) or use an FP8 per-tensor or FP8 block recipe")
+            f"(native on sm_100, decoded to bf16 on sm_90, emulated on the CPU, SPEC §6.7) but not yet through "
+            f"tej; dequantize it (x.dequantize()) or use an FP8 per-tensor, MXFP8 or FP8 block recipe")
     nd = len(x.shape)
     n = len(contract)
     per_tensor = mode in _PER_TENSOR
@@ -142,7 +143,32 @@ def _scaled_operand(x: ScaledTensor, contract, name) -> _Operand:
         outer_shape = (x.shape[-1],)
         k = math.prod(x.shape[:-1])
     m = math.prod(outer_shape)
+    if mode == ScalingMode.MXFP8_1D_SCALING:
+        # MXFP8's colwise copy is not transposed: the stored [K, M] matrix, its blocks down the rows. The core
+        # takes GEMM-swizzled scales (SPEC §4.8); tej keeps them compact, so they are permuted here (a layout
+        # change of the small scale matrix, no arithmetic).
+        data = data.reshape((m, k) if rowwise else (k, m))
+        return _Operand(data, _swizzle_mx_scales(scale_inv, not rowwise), _SCALING[mode], not rowwise,
+                        outer_shape, x.dq_dtype)
     return _Operand(data.reshape(m, k), scale_inv, _SCALING[mode], False, outer_shape, x.dq_dtype)
+
+
+def _swizzle(buf, rows: int, cols: int):
+    """The cuBLASLt scale swizzle of SPEC §4.8 on a [rows, cols] matrix (multiples of 128 x 4): the compact matrix
+    viewed as (rows/128, 4, 32, cols/4, 4) with dims 1 and 3 swapped (torch: formats/base.py `_swizzle`)."""
+    return buf.reshape(rows // 128, 4, 32, cols // 4, 4).transpose(0, 3, 2, 1, 4).reshape(rows, cols)
+
+
+def _swizzle_mx_scales(scale, columnwise: bool):
+    """Compact -> GEMM-swizzled bytes of an MXFP8 scale matrix (same shape); columnwise scales are swizzled as their
+    transpose (torch: formats/mxfp8.py `swizzle_mx_scales`)."""
+    scale = scale.reshape(-1, scale.shape[-1])
+    r, c = scale.shape
+    if r == 0 or c == 0:
+        return scale
+    if not columnwise:
+        return _swizzle(scale, r, c)
+    return _swizzle(scale.T, c, r).reshape(r, c)
 
 
 def _operand(x, contract, quantizer, name) -> _Operand:

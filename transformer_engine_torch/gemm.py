@@ -202,8 +202,10 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     if fmt is not None:
         copies = _block_copies(A, transA, B, transB, layout)
         # The name of the class, a plain constant, is what the device fact takes (it is traced: _device.py).
-        native = isinstance(A, fmt) and A.device.type == "cuda" and _device.gemm_is_native(
-            fmt.__name__, _device.cuda_index(A.device))
+        # MXFP8 / NVFP4 on CUDA always go to the core's GEMM op: natively on sm_100+, elsewhere it decodes each
+        # operand once to bf16 in its workspace and runs the bf16 GEMM (SPEC §6.7).
+        native = isinstance(A, fmt) and A.device.type == "cuda" and (fmt.gemm_core_decodes or _device.gemm_is_native(
+            fmt.__name__, _device.cuda_index(A.device)))
         if native and fmt.gemm_native_out_dtypes is not None:
             native = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype") in fmt.gemm_native_out_dtypes
         if native:

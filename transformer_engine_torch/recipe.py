@@ -329,8 +329,8 @@ def _update_unfused(buffer, history, scale, recipe, fp8_dtype):
 _GEMM_OPERAND = ((DelayedScaling, _formats.Float8Tensor), (Float8CurrentScaling, _formats.Float8Tensor),
                  (MXFP8BlockScaling, _formats.MXFP8Tensor), (NVFP4BlockScaling, _formats.NVFP4Tensor),
                  (Float8BlockScaling, _formats.Float8BlockwiseQTensor))
-_EMULATION_GPU = ("GEMMs emulated: dequantize to bf16, then a bf16 GEMM (SPEC §6.7): portable, at bf16 speed, with two "
-                  "bf16 temporaries per GEMM")
+_EMULATION_GPU = ("GEMMs emulated: each operand decoded once to bf16, then a bf16 GEMM (SPEC §6.7): portable, near bf16 "
+                  "speed, with two bf16 temporaries per GEMM")
 _EMULATION_CPU = ("GEMMs emulated: dequantize exactly to FP32, then an FP32 GEMM with FP64 accumulation (SPEC §6.7): a "
                   "reference, not a fast path")
 _SUPPORT_CHECKED: set = set()  # (recipe class, arch) pairs already checked (and warned about)

@@ -582,9 +582,9 @@ def test_cpu_only_build_given_cuda_tensors(tmp_path):
 WARNING_CASES = [
     Case("recipe-mxfp8-emulated-on-sm90", lambda t: enter_autocast(t, t.MXFP8BlockScaling(), (9, 0)), UserWarning,
          ("MXFP8BlockScaling on sm_90", "sm_100/sm_110", "cuBLASLt 13.0",
-          "GEMMs emulated: dequantize to bf16, then a bf16 GEMM"), "emulated GEMM: warned once"),
+          "GEMMs emulated: each operand decoded once to bf16, then a bf16 GEMM"), "emulated GEMM: warned once"),
     Case("recipe-nvfp4-emulated-on-sm89", lambda t: enter_autocast(t, t.NVFP4BlockScaling(), (8, 9)), UserWarning,
-         ("NVFP4BlockScaling on sm_89", "GEMMs emulated: dequantize to bf16"), "emulated GEMM: warned once"),
+         ("NVFP4BlockScaling on sm_89", "GEMMs emulated: each operand decoded once to bf16"), "emulated GEMM: warned once"),
     Case("recipe-fp8-block-old-cublaslt", lambda t: enter_autocast(t, t.Float8BlockScaling(), (9, 0), 120800),
          UserWarning, ("Float8BlockScaling on sm_90", "sm_90 with cuBLASLt >= 12.9", "cuBLASLt 12.8",
                        "GEMMs emulated"), "emulated GEMM: warned once"),

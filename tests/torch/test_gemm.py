@@ -916,3 +916,57 @@ def test_capture_on_a_fresh_stream_without_warm_up(tex):
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, expect)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
+def test_cuda_block_decode_gemm(tex, layout, fmt):
+    """SPEC §6.7 on a GPU without the native MXFP8 / NVFP4 GEMM (sm_90): the core decodes each operand once to bf16
+    in the GEMM's workspace and runs the bf16 GEMM. Against the float64 product of the decoded copies SPEC §6.4
+    picks (NVFP4's global factors included); MXFP8 also byte-equal to the bf16 GEMM of the dequantized copies (both
+    decodes are exact in bf16, one kernel); bias, GELU, and the wgrad bias gradient of a block B (decoded first)."""
+    from transformer_engine_torch import _device
+
+    if _device.gemm_is_native("MXFP8Tensor", torch.cuda.current_device()):
+        pytest.skip("this GPU runs MXFP8 / NVFP4 GEMMs natively; the decode path is sm_90's")
+    ta, tb = layout[0] == "T", layout[1] == "T"
+    sa, sb = shapes_for(layout, 160, 96, 256)
+    q = tex.MXFP8Quantizer(tex.DType.kFloat8E4M3) if fmt == "mxfp8" else tex.NVFP4Quantizer()
+    A = tex.quantize(rnd(sa, torch.bfloat16, "cuda", 260), q)
+    B = tex.quantize(rnd(sb, torch.bfloat16, "cuda", 261), q)
+    want, mag = _exact_block_product(A, B, layout)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        out = tex.general_gemm(A, B, layout=layout, out_dtype=out_dtype)[0]
+        got = cpu(out).to(F64).reshape(want.shape)
+        # FP32 accumulation of exact products (K = 256), NVFP4's alpha' rounded once; bf16: one more rounding.
+        tol = 2.0 ** -16 * mag + (2.0 ** -8 * want.abs() if out_dtype == torch.bfloat16 else 0) + 1e-30
+        assert ((got - want).abs() <= tol).all(), f"{fmt} {layout} {out_dtype}"
+        assert not torch.allclose(got, -want, rtol=1e-2, atol=1e-2), "a wrong answer would pass"
+
+    def copy_bf16(t, rowwise):
+        only = t.clone()
+        only.update_usage(rowwise_usage=rowwise, columnwise_usage=not rowwise)
+        return only.dequantize(torch.bfloat16)
+
+    if fmt == "mxfp8":
+        a16, b16 = copy_bf16(A, ta), copy_bf16(B, not tb)
+        same = tex.general_gemm(a16, b16, layout=layout, out_dtype=torch.bfloat16)[0]
+        assert torch.equal(tex.general_gemm(A, B, layout=layout, out_dtype=torch.bfloat16)[0], same)
+    # Epilogues: bias (+GELU) on the fprop layout, the bias gradient of a block B on wgrad.
+    if layout == "TN":
+        bias = rnd((sa[0],), torch.bfloat16, "cuda", 262)
+        y, _, pre, _ = tex.general_gemm(A, B, layout="TN", bias=bias, gelu=True)
+        pre64 = want + cpu(bias).to(F64)
+        assert ((cpu(pre).to(F64) - pre64).abs() <= 4 * 2.0 ** -8 * (mag + pre64.abs()) + 1e-2).all()
+        g64 = torch.nn.functional.gelu(cpu(pre).to(F64), approximate="tanh")
+        assert ((cpu(y).to(F64) - g64).abs() <= 2.0 ** -7 * g64.abs() + 1e-2).all()
+    if layout == "NT" and fmt == "nvfp4":
+        with pytest.raises(NotImplementedError, match=r"the bias gradient of a NVFP4 B operand"):
+            tex.general_gemm(A, B, layout="NT", grad=True, bias=rnd((sb[1],), torch.bfloat16, "cuda", 263))
+    if layout == "NT" and fmt == "mxfp8":
+        bias = rnd((sb[1],), torch.bfloat16, "cuda", 263)
+        dw, db, _, _ = tex.general_gemm(A, B, layout="NT", grad=True, bias=bias)
+        b64 = copy_bf16(B, False).to(F64).cpu()
+        assert ((cpu(db).to(F64) - b64.sum(0)).abs() <= 2.0 ** -7 * b64.abs().sum(0) + 1e-2).all()
+        assert ((cpu(dw).to(F64) - want).abs() <= 2.0 ** -16 * mag + 2.0 ** -8 * want.abs() + 1e-30).all()

@@ -226,6 +226,8 @@ class QuantizedTensor:
     gemm_format = None  # the format's name in messages, e.g. "MXFP8"
     gemm_k_multiple = 0  # block formats: the contraction dim K must be a multiple of it; 0: a per-tensor format
     native_gemm = None  # block formats: NativeGemm, where cuBLASLt runs it natively (emulated elsewhere)
+    gemm_core_decodes = False  # CUDA: the core's GEMM op takes the operands on every arch (decoding them to bf16
+    # where there is no native kernel, SPEC §6.7) instead of this package dequantizing them
 
     @property
     def device(self) -> torch.device:

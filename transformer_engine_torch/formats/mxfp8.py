@@ -61,6 +61,7 @@ class MXFP8Tensor(_TwoCopyTensor):
 
     gemm_format, gemm_k_multiple = "MXFP8", 32
     native_gemm = NativeGemm(((10, None), (11, None)), 120800)
+    gemm_core_decodes = True
 
     _OP_FIELDS = ("_fp8_dtype", "_with_gemm_swizzled_scales")
 

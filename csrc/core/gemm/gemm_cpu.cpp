@@ -2,6 +2,7 @@
 // exact decode to FP32, FP64 accumulation, epilogue in FP32, one rounding. Slow by design (tests, CPU CI).
 #include <vector>
 
+#include "../formats/mxfp8/mxfp8.h"
 #include "gemm_epilogue.h"
 
 namespace te {
@@ -73,12 +74,16 @@ std::vector<float> decode_k_contiguous(const GemmOperand& x, bool k_major, int64
                                        const ParallelFor& pf) {
   std::vector<float> out(size_t(outer) * size_t(k));
   const bool block = x.scaling == GemmScaling::kFp8Block1d || x.scaling == GemmScaling::kFp8Block2d;
+  const bool mx = x.scaling == GemmScaling::kMxfp8;  // exact: fl(code · 2^(e - 127)), the swizzled scales
   const float s = (x.scaling == GemmScaling::kFp8PerTensor) ? *static_cast<const float*>(x.scale_inv) : 1.0f;
   pf(outer, [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o)
       for (int64_t j = 0; j < k; ++j) {
         const int64_t r = k_major ? o : j, c = k_major ? j : o;  // the stored element
-        out[size_t(o) * k + j] = load(x.data, r * x.cols + c, x.dtype, block ? block_scale_inv(x, r, c) : s);
+        out[size_t(o) * k + j] =
+            mx ? mx_gemm_decode(static_cast<const uint8_t*>(x.data), static_cast<const uint8_t*>(x.scale_inv), r, c,
+                                x.rows, x.cols, k_major, x.dtype == DType::kFloat8E4M3)
+               : load(x.data, r * x.cols + c, x.dtype, block ? block_scale_inv(x, r, c) : s);
       }
   });
   return out;
@@ -88,7 +93,7 @@ std::vector<float> decode_k_contiguous(const GemmOperand& x, bool k_major, int64
 
 void gemm_cpu(const GemmArgs& g, const ParallelFor& pf) {
   for (const GemmOperand* op : {&g.a, &g.b}) {
-    if (op->scaling == GemmScaling::kMxfp8 || op->scaling == GemmScaling::kNvfp4)
+    if (op->scaling == GemmScaling::kNvfp4)
       core_fail(std::string("gemm_cpu: operands scaled as ") + gemm_scaling_name(op->scaling) +
                 " are not supported yet; dequantize them to bf16 first");
   }

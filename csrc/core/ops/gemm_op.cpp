@@ -4,6 +4,8 @@
 
 #include <utility>
 
+#include "../formats/mxfp8/mxfp8.h"
+#include "../formats/nvfp4/quantize_nvfp4.h"
 #include "../formats/table.h"
 #include "../gemm/gemm_epilogue.h"
 
@@ -191,8 +193,7 @@ void check_scaled(const Checker& c, const GemmRequest& r, const GemmArgs& g, con
   if (g.a.scaling == GemmScaling::kNvfp4 && out != DType::kFloat32 && out != DType::kBFloat16) {
     fail(ErrorKind::kValue, msg(op, ": NVFP4 GEMMs write bf16 or fp32, got ", dtype_short_name(out), " (", operands, ")"));
   }
-  const bool fp8_block = g.a.scaling == GemmScaling::kFp8Block1d || g.a.scaling == GemmScaling::kFp8Block2d;
-  if (g.a.scaling != GemmScaling::kFp8PerTensor && !fp8_block && !c.ctx.cuda) {
+  if (g.a.scaling == GemmScaling::kNvfp4 && !c.ctx.cuda) {
     fail(ErrorKind::kNotImplemented, msg(op, ": not yet supported: ", fmt, " operands in the CPU kernel (", operands,
                                          "); general_gemm dequantizes them exactly on the CPU"));
   }
@@ -254,7 +255,8 @@ void plan_epilogue(const Checker& c, const GemmRequest& r, const GemmPlanOptions
       g.epilogue = GemmEpilogue::kDGeluBGrad;
     }
   } else if (r.grad && want_bias_grad) {
-    if (c.ctx.cuda && (g.b.scaling == GemmScaling::kMxfp8 || g.b.scaling == GemmScaling::kNvfp4)) {
+    // Decoded MXFP8 B holds its values; decoded NVFP4 B lacks the global factor (it is in alpha).
+    if (c.ctx.cuda && (g.b.scaling == GemmScaling::kNvfp4 || (g.b.scaling == GemmScaling::kMxfp8 && !pl.decode_block))) {
       fail(ErrorKind::kNotImplemented, msg(op, ": not yet supported: the bias gradient of a ",
                                            gemm_scaling_name(g.b.scaling), " B operand (", c.operands,
                                            "); take it from the high-precision dY"));
@@ -272,6 +274,23 @@ void plan_epilogue(const Checker& c, const GemmRequest& r, const GemmPlanOptions
 }
 
 }  // namespace
+
+int64_t gemm_decode_bytes(int64_t rows, int64_t cols) {
+  return roundup(rows * cols * int64_t(sizeof(uint16_t)), kWorkspaceAlign);
+}
+
+bool gemm_block_native(const ExecCtx& ctx) {
+#if defined(TE_WITH_CUDA)
+  if (!ctx.cuda) return false;
+  int dev = ctx.device_index, major = 0;
+  if (dev < 0 && cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) return false;
+  return major >= 10 && cublaslt_version() >= 120800;
+#else
+  (void)ctx;
+  return false;
+#endif
+}
 
 std::string gemm_operand_desc(const char* name, const Shape& s, DType d) {
   return std::string(name) + " " + shape_str(s) + " " + dtype_short_name(d);
@@ -302,6 +321,8 @@ GemmPlan plan_gemm(const GemmRequest& r, const ExecCtx& ctx, GemmPlanOptions opt
                                 "; D = op(B)·op(A) needs (transA ? A1 : A0) == (transB ? B0 : B1))"));
   }
   if (g.a.scaling != GemmScaling::kNone) check_scaled(c, r, g, dm);
+  const bool mx_or_nv = g.a.scaling == GemmScaling::kMxfp8 || g.a.scaling == GemmScaling::kNvfp4;
+  pl.decode_block = mx_or_nv && ctx.cuda && !gemm_block_native(ctx);
 
   // Output.
   g.d_dtype = dtype_code(op, r.d_dtype, "D");
@@ -363,6 +384,12 @@ GemmPlan plan_gemm(const GemmRequest& r, const ExecCtx& ctx, GemmPlanOptions opt
   if (opt.reserve_fallback && pl.fallback_bytes > 0) {
     pl.fallback_offset = off;
     off += pl.fallback_bytes;
+  }
+  if (pl.decode_block) {
+    pl.a_decode_offset = off;
+    off += gemm_decode_bytes(g.a.rows, g.a.cols);
+    pl.b_decode_offset = off;
+    off += gemm_decode_bytes(g.b.rows, g.b.cols);
   }
   if (opt.reserve_lt_workspace && ctx.cuda) {
     pl.lt_offset = off;
@@ -469,6 +496,27 @@ void run_cuda(const GemmPlan& pl, GemmArgs g, const GemmIO& io, const ExecCtx& c
   } else {
     g.workspace = io.lt_workspace;
     g.workspace_bytes = size_t(io.lt_workspace_bytes);
+  }
+  if (pl.decode_block) {
+    // SPEC §6.7 on sm_90: each operand decoded once to bf16 (same stored layout), then the bf16 GEMM; NVFP4's
+    // global factors are in the device alpha the frontend passed.
+    const auto decode = [&](GemmOperand& x, int64_t offset, bool k_cols) {
+      void* out = ws + offset;
+      const auto* codes = static_cast<const uint8_t*>(x.data);
+      const auto* scales = static_cast<const uint8_t*>(x.scale_inv);
+      if (x.scaling == GemmScaling::kMxfp8) {
+        decode_mxfp8_gemm_operand_cuda(codes, scales, x.rows, x.cols, k_cols, x.dtype == DType::kFloat8E4M3, out, s);
+      } else {
+        decode_nvfp4_gemm_operand_cuda(codes, scales, x.rows, x.cols, out, s);
+      }
+      x.data = out;
+      x.dtype = DType::kBFloat16;
+      x.scaling = GemmScaling::kNone;
+      x.scale_inv = nullptr;
+    };
+    decode(g.a, pl.a_decode_offset, g.a.trans);
+    decode(g.b, pl.b_decode_offset, !g.b.trans);
+    g.fast_accum = false;
   }
   const auto finish = [&] {
     if (pl.fp8_out) gemm_fp8_finish_cuda(g.d_amax, io.d_amax, io.d_scale, io.d_scale_inv, s);

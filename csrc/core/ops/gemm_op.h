@@ -97,7 +97,19 @@ struct GemmPlan {
   // The unfused epilogue's scratch: [alpha, 0] device scalars (kWorkspaceAlign bytes), then the FP32 accumulator
   // [n, m]. 0 when the call cannot take that path (CPU; no epilogue and k > 0).
   int64_t fallback_bytes = 0;
+  // MXFP8 / NVFP4 operands on a GPU without their native GEMM (sm_90, SPEC §6.7): each operand is decoded once into
+  // a bf16 [rows, cols] matrix at these offsets (-1: not decoded), then the bf16 GEMM runs with the same layout (and
+  // NVFP4's global factors in the device alpha). decode_block says the plan takes this path.
+  bool decode_block = false;
+  int64_t a_decode_offset = -1;
+  int64_t b_decode_offset = -1;
 };
+
+// Whether MXFP8 / NVFP4 GEMMs run natively on the context's device (sm_100+ with cuBLASLt >= 12.8); false on the
+// CPU and without CUDA. Elsewhere plan_gemm decodes the operands (GemmPlan::decode_block).
+bool gemm_block_native(const ExecCtx& ctx);
+// The workspace bytes the decode of one MXFP8 / NVFP4 operand of [rows, cols] elements takes (bf16, aligned).
+int64_t gemm_decode_bytes(int64_t rows, int64_t cols);
 
 GemmPlan plan_gemm(const GemmRequest& r, const ExecCtx& ctx, GemmPlanOptions opt = {});
 

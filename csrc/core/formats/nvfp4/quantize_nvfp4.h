@@ -263,6 +263,21 @@ TE_HD int64_t nv_col_scale_offset(int64_t k, int64_t i, int64_t rows, bool swizz
   return swizzled ? swizzled_scale_offset(k, i, cpad) : k * cpad + i;
 }
 
+// The GEMM operand decode (SPEC §6.7): element (r, c) of an NVFP4 GEMM operand stored as packed [rows, cols / 2]
+// bytes (K along cols, as every NVFP4 GEMM copy) with GEMM-swizzled E4M3 scales: fl(e2m1 · float(sf)), exact; the
+// global decode factors stay out (the GEMM folds them into alpha).
+TE_HD float nv_gemm_decode(const uint8_t* packed, const uint8_t* scales, int64_t r, int64_t c, int64_t cols) {
+  const uint8_t byte = packed[(r * cols + c) / 2];
+  const uint8_t code = (c & 1) ? uint8_t(byte >> 4) : uint8_t(byte & 0xFu);
+  return e2m1_decode(code) * fp8_to_float(scales[nv_row_scale_offset(r, c / kNvBlock, cols, true)], true);
+}
+#if defined(TE_WITH_CUDA)
+// The operand decoded once into bf16 `out` [rows, cols] (exact) on `stream`: the sm_90 NVFP4 GEMM's input
+// (ops/gemm_op.cpp). Bandwidth-bound, one 16-element block a thread.
+void decode_nvfp4_gemm_operand_cuda(const uint8_t* packed, const uint8_t* scales, int64_t rows, int64_t cols,
+                                    void* out, cudaStream_t stream);
+#endif
+
 void nvfp4_amax_cpu(DType in_dtype, const Nvfp4AmaxParams& p, const ParallelFor& parallel_for);
 void quantize_nvfp4_cpu(DType in_dtype, const Nvfp4Params& p, const ParallelFor& parallel_for);
 #if defined(TE_WITH_CUDA)
