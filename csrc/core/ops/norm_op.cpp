@@ -161,17 +161,8 @@ NormFwdPlan plan_norm_fwd(const NormFwdRequest& r, const QuantSpec& spec, const 
 namespace {
 
 void launch_fwd(const NormFwdParams& p, const ExecCtx& ctx) {
-  run_rewrapping_errors([&] {
-    if (ctx.cuda) {
-#if defined(TE_WITH_CUDA)
-      norm_fwd_cuda(p, ctx.stream);
-#else
-      fail(ErrorKind::kNotImplemented, "this build of the core has no CUDA kernels; CUDA buffers are not supported");
-#endif
-    } else {
-      norm_fwd_cpu(p, *ctx.parallel_for);
-    }
-  });
+  run_rewrapping_errors(
+      [&] { TE_ON_DEVICE(ctx, norm_fwd_cuda(p, ctx.stream), norm_fwd_cpu(p, *ctx.parallel_for)); });
 }
 
 void check_ws(const char* op, int64_t have, int64_t need) {
@@ -294,17 +285,8 @@ void run_norm_bwd(const NormBwdPlan& pl, const NormBwdIO& io, const ExecCtx& ctx
   p.zero_centered_gamma = r.zero_centered_gamma;
   p.x_dtype = r.x.dtype;
   p.gamma_dtype = r.gamma.dtype;
-  run_rewrapping_errors([&] {
-    if (ctx.cuda) {
-#if defined(TE_WITH_CUDA)
-      norm_bwd_cuda(p, ctx.stream);
-#else
-      fail(ErrorKind::kNotImplemented, "this build of the core has no CUDA kernels; CUDA buffers are not supported");
-#endif
-    } else {
-      norm_bwd_cpu(p, *ctx.parallel_for);
-    }
-  });
+  run_rewrapping_errors(
+      [&] { TE_ON_DEVICE(ctx, norm_bwd_cuda(p, ctx.stream), norm_bwd_cpu(p, *ctx.parallel_for)); });
 }
 
 }  // namespace ops

@@ -12,28 +12,16 @@
 
 namespace te {
 namespace ops {
+
+void no_cuda() {
+  fail(ErrorKind::kNotImplemented, "this build of the core has no CUDA kernels; CUDA buffers are not supported");
+}
+
 namespace {
 
 // ---- Launch on the context's device -----------------------------------------------------------------------------
 #if defined(TE_WITH_CUDA)
 cudaStream_t stream_of(const ExecCtx& ctx) { return ctx.stream; }
-#define TE_ON_DEVICE(ctx, cuda_call, cpu_call) \
-  do {                                         \
-    if ((ctx).cuda) {                          \
-      cuda_call;                               \
-    } else {                                   \
-      cpu_call;                                \
-    }                                          \
-  } while (0)
-#else
-[[noreturn]] void no_cuda() {
-  fail(ErrorKind::kNotImplemented, "this build of the core has no CUDA kernels; CUDA buffers are not supported");
-}
-#define TE_ON_DEVICE(ctx, cuda_call, cpu_call) \
-  do {                                         \
-    if ((ctx).cuda) no_cuda();                 \
-    cpu_call;                                  \
-  } while (0)
 #endif
 
 void launch_activation(const ExecCtx& ctx, const ActPlan& pl, const ActKernelParams& p) {

@@ -6,6 +6,25 @@
 
 #include "plan.h"
 
+// Runs cuda_call on a CUDA context and cpu_call otherwise; a build without CUDA kernels refuses a CUDA context with
+// one message. Shared by the launchers of the op families (run.cpp, norm_op.cpp).
+#if defined(TE_WITH_CUDA)
+#define TE_ON_DEVICE(ctx, cuda_call, cpu_call) \
+  do {                                         \
+    if ((ctx).cuda) {                          \
+      cuda_call;                               \
+    } else {                                   \
+      cpu_call;                                \
+    }                                          \
+  } while (0)
+#else
+#define TE_ON_DEVICE(ctx, cuda_call, cpu_call) \
+  do {                                         \
+    if ((ctx).cuda) ::te::ops::no_cuda();      \
+    cpu_call;                                  \
+  } while (0)
+#endif
+
 namespace te {
 namespace ops {
 
@@ -24,6 +43,9 @@ struct ActIO {
 int64_t workspace_bytes(const ActPlan& plan, const ActIO& io);
 
 void run_act(const ActPlan& plan, const ActIO& io, const ExecCtx& ctx);
+
+// Raises the one "this build of the core has no CUDA kernels" error (TE_ON_DEVICE in a build without CUDA).
+[[noreturn]] void no_cuda();
 
 // amax[0] = max |x| (NaN ignored) over a contiguous float32/float16/bfloat16 tensor; amax is zeroed first.
 void compute_amax(const TensorView& x, float* amax, const ExecCtx& ctx);
