@@ -504,7 +504,8 @@ def _gemm_rule(attrs: dict):
         out = " ".join(lhs[:-1] + ["n"]) if nd > 2 else "m n"
         bias, gelu_in = value_types[4], value_types[5]
         bgrad = "n" if attrs["fuse_gelu"] else "m"
-        terms = [" ".join(lhs), "s0", " ".join(rhs), "s1", "n" if bias.shape[0] else "b",
+        scale = lambda i: " ".join(f"s{i}d{d}" for d in range(len(value_types[2 * i + 1].shape)))  # replicated
+        terms = [" ".join(lhs), scale(0), " ".join(rhs), scale(1), "n" if bias.shape[0] else "b",
                  "m n" if len(gelu_in.shape) == 2 else "g", out,
                  out if len(result_types[1].shape) > 1 else "p",
                  bgrad if result_types[2].shape[0] else "d"]
