@@ -1,17 +1,18 @@
 """Train a byte-level GPT built from tex.TransformerLayer on real text, in bf16 or any tex recipe, with checkpoints that
 resume bit for bit.
 
-    python examples/train_gpt.py --tiny                          # CPU, well under a minute
-    python examples/train_gpt.py --recipe mxfp8 --steps 2000     # GPU when one is visible
-    torchrun --nproc-per-node 2 examples/train_gpt.py --tiny --tp 2
-    python examples/train_gpt.py --tiny --steps 100 --save ck.pt && python examples/train_gpt.py --tiny --resume ck.pt
+    python examples/train_gpt.py --tiny --cpu                    # well under a minute on the CPU
+    python examples/train_gpt.py --recipe mxfp8 --steps 2000     # the GPU when one is visible
+    torchrun --nproc-per-node 2 examples/train_gpt.py --tiny --cpu --tp 2
+    python examples/train_gpt.py --tiny --cpu --save-at 100 --save ck.pt   # then, the same last 50 steps:
+    python examples/train_gpt.py --tiny --cpu --resume ck.pt
 
-Model: byte embedding (256) → `--layers` × tex.TransformerLayer (pre-norm, causal self-attention with rotary position
-embeddings, no dropout) → final norm → LM head (256 logits; `--tie` shares the embedding's weight). As NVIDIA's NVFP4
-recipe advises, the embedding, final norm and head stay out of `tex.autocast` (plain torch, bf16 under torch.autocast
-on the GPU); only the transformer layers' GEMMs run in the recipe's format. Data: examples/stdlib_text.py (the Python
-standard library's sources as bytes, a fixed held-out split); training batch i is drawn from a generator seeded with
-(seed, i), so a resumed run sees the same batches without carrying a data-loader state.
+Model: byte embedding (256) → `--layers` × tex.TransformerLayer (pre-norm, causal self-attention with rotary
+position embeddings, no dropout) → final norm → LM head (256 logits; `--tie` shares the embedding's weight). As
+NVIDIA's NVFP4 recipe advises, the embedding, final norm and head stay out of `tex.autocast` (plain torch, bf16
+under torch.autocast on the GPU); only the transformer layers' GEMMs run in the recipe's format. Data:
+examples/stdlib_text.py (the Python standard library's sources as bytes, a fixed held-out split); training batch i
+is drawn from a generator seeded with (seed, i), so a resumed run sees the same batches without a data-loader state.
 
 Checkpoint (`--save`): model state_dict (including each tex layer's delayed-scaling scales and amax histories under
 `<layer>._extra_state`), AdamW's state_dict, the step, and torch's CPU and CUDA RNG states (NVFP4's stochastic
@@ -22,6 +23,7 @@ held-out evaluation if it has one (an evaluation under delayed scaling updates t
 one uninterrupted run of n steps (keep --steps: the learning-rate schedule depends on it).
 """
 import argparse
+import contextlib
 import math
 import os
 import resource
@@ -129,7 +131,8 @@ def heldout_loss(model, heldout, args, recipe, device):
 def peak_memory(device):
     if device.type == "cuda":
         return f"{torch.cuda.max_memory_allocated(device) / 2**20:.0f} MiB (max_memory_allocated)"
-    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB (process peak RSS; n/a per tensor on CPU)"
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    return f"{rss_mib:.0f} MiB (process peak RSS; no per-tensor peak on the CPU)"
 
 
 def checkpoint_path(path, tp_group):
@@ -170,8 +173,11 @@ def parse_args(argv=None):
     p.add_argument("--resume", metavar="PATH", help="continue from a checkpoint of the same configuration")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is visible")
+    p.add_argument("--deterministic", action="store_true",
+                   help="GPU: deterministic torch kernels and the math attention backend (a run, and so a resumed\n"
+                        "one, then repeats bit for bit; the CPU path is deterministic as it is)")
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (default: 1 for --tiny on the CPU, whose ops are too small to share, else torch's)")
+                   help="CPU threads (default: 1 for --tiny on the CPU, ops too small to share; else torch's)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     for k, v in (TINY if args.tiny else FULL).items():
@@ -206,9 +212,29 @@ def main(argv=None):
     if threads:
         torch.set_num_threads(threads)
     try:
-        return run(args, device)
+        with deterministic(args.deterministic):
+            return run(args, device)
     finally:
         torch.set_num_threads(saved_threads)
+
+
+@contextlib.contextmanager
+def deterministic(on):
+    """torch.use_deterministic_algorithms and SDPA's math backend (the fused attention backward kernels may add in a
+    run-dependent order); CUBLAS_WORKSPACE_CONFIG as cuBLAS requires for deterministic GEMMs."""
+    if not on:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was)
 
 
 def run(args, device):

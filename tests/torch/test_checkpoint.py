@@ -227,12 +227,19 @@ def test_train_gpt_tiny_learns():
     assert out["train_loss"] < TINY_HELDOUT_BOUND
 
 
-def test_train_gpt_resume_bit_identical(tmp_path):
+@pytest.mark.cuda
+def test_train_gpt_tiny_learns_cuda():
+    out = _train_gpt().main(["--tiny", "--quiet"])
+    assert out["heldout_loss"] < TINY_HELDOUT_BOUND, out
+
+
+@pytest.mark.parametrize("where", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_train_gpt_resume_bit_identical(tmp_path, where):
     """Delayed scaling, saved at step 3 (an evaluation step: the evaluation's scale update is in the checkpoint),
     resumed: the final train and held-out losses equal the uninterrupted run's exactly."""
     gpt = _train_gpt()
-    args = ["--tiny", "--cpu", "--quiet", "--recipe", "delayed", "--steps", "7", "--eval-every", "3", "--seq", "32",
-            "--batch", "8"]
+    args = ["--tiny", "--quiet", "--recipe", "delayed", "--steps", "7", "--eval-every", "3", "--seq", "32",
+            "--batch", "8"] + (["--cpu"] if where == "cpu" else ["--deterministic"])
     ck = str(tmp_path / "ck.pt")
     whole = gpt.main(args + ["--save", ck, "--save-at", "3"])
     resumed = gpt.main(args + ["--resume", ck])
