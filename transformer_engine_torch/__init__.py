@@ -29,12 +29,13 @@ from .modules import MLP, Linear, init_fp8_state
 from .grouped_linear import GroupedLinear  # noqa: F401  (MoE experts over the grouped GEMM)
 from .norm_layers import LayerNorm, LayerNormLinear, LayerNormMLP, RMSNorm  # noqa: F401  (issue 35)
 from .transformer import TransformerLayer  # noqa: F401
+from .checkpoint import load_te_state_dict  # noqa: F401  (TE checkpoints, issue 36)
 
 __version__ = "0.1.0"
 
 __all__ = (["DType", "FP8FwdTensors", "FP8BwdTensors"] + _formats_all
            + ["Format", "Recipe", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling", "NVFP4BlockScaling",
               "Float8BlockScaling", "autocast", "fp8_autocast", "Linear", "MLP", "init_fp8_state",
-              "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer",
+              "LayerNorm", "RMSNorm", "LayerNormLinear", "LayerNormMLP", "TransformerLayer", "load_te_state_dict",
               "all_gather_gemm", "gemm_reduce_scatter"]
            + _act_all + _cast_all + _gemm_all + _norm_all)

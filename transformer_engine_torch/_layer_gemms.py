@@ -88,10 +88,15 @@ def slot_views(scale, history, i):
 
 
 _FP8_BUFFERS = ("fp8_fwd_scale", "fp8_fwd_amax_history", "fp8_bwd_scale", "fp8_bwd_amax_history")
+_EXTRA_STATE_VERSION = 1
+# get_extra_state's keys -> the buffers they hold
+_EXTRA_STATE_KEYS = (("fwd_scale", "fp8_fwd_scale"), ("fwd_amax_history", "fp8_fwd_amax_history"),
+                     ("bwd_scale", "fp8_bwd_scale"), ("bwd_amax_history", "fp8_bwd_amax_history"))
 
 
 class DelayedMixin:
-    """Per-layer delayed-scaling state as non-persistent float32 buffers.
+    """Per-layer delayed-scaling state as non-persistent float32 buffers, saved in `state_dict` under
+    `<module>._extra_state` (get_extra_state / set_extra_state, TE's key) so that a checkpoint resumes bit for bit.
 
     They are allocated when the layer is built, for the default `DelayedScaling()` (history of 1024 steps), and
     again by `init_fp8_state(recipe)` or, eagerly, at the first forward under a recipe of another history length.
@@ -128,6 +133,58 @@ class DelayedMixin:
             moved = fn(t)
             self._buffers[name] = moved if moved.dtype == torch.float32 else t.to(device=moved.device)
         return out
+
+    # ---- checkpoints: the state travels in state_dict as `<module>._extra_state` (TE's key) ----------------------
+    def get_extra_state(self) -> dict:
+        """The delayed-scaling state for `state_dict`: {"version": 1, "fwd_scale" [n_fwd], "fwd_amax_history"
+        [L, n_fwd], "bwd_scale" [n_bwd], "bwd_amax_history" [L, n_bwd]}, the float32 buffers themselves (as
+        state_dict gives parameters: not copies). Plain tensors and ints, so `torch.load(weights_only=True)` reads it.
+        A layer that never ran under DelayedScaling saves its fresh state (scales 1, histories 0, L = 1024)."""
+        return {"version": _EXTRA_STATE_VERSION, **{key: getattr(self, name) for key, name in _EXTRA_STATE_KEYS}}
+
+    def set_extra_state(self, state) -> None:
+        """Restores `get_extra_state()`'s dict (None: nothing saved, the state is left as it is). The tensors go to
+        where this layer's state lives, as float32; a history of another length than the current one replaces the
+        buffers (the next forward under a DelayedScaling of that length then uses them, not fresh ones)."""
+        if state is None:
+            return
+        name = type(self).__name__
+        if not isinstance(state, dict) or state.get("version") != _EXTRA_STATE_VERSION:
+            got = f"a dict of version {state.get('version')!r}" if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"{name}.set_extra_state: expected the dict get_extra_state() writes (version "
+                             f"{_EXTRA_STATE_VERSION}, keys {', '.join(k for k, _ in _EXTRA_STATE_KEYS)}), got {got} "
+                             f"(a TransformerEngine checkpoint's state dict loads through tex.load_te_state_dict)")
+        slots = {"fwd": self._N_FWD, "bwd": self._N_BWD}
+        for key, buf in _EXTRA_STATE_KEYS:
+            t, n = state.get(key), slots[key[:3]]
+            want = f"[{n}]" if key.endswith("scale") else f"[L, {n}]"
+            ok = isinstance(t, torch.Tensor) and t.dim() == (1 if key.endswith("scale") else 2) and t.shape[-1] == n
+            if not ok:
+                got = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name}.set_extra_state: {key} must be a tensor of shape {want} ({n} delayed-scaling "
+                                 f"slots of this layer), got {got}")
+        if state["fwd_amax_history"].shape[0] != state["bwd_amax_history"].shape[0]:
+            raise ValueError(f"{name}.set_extra_state: fwd_amax_history and bwd_amax_history must have the same "
+                             f"length L, got {state['fwd_amax_history'].shape[0]} and "
+                             f"{state['bwd_amax_history'].shape[0]}")
+        device = self.fp8_fwd_scale.device
+        for key, buf in _EXTRA_STATE_KEYS:
+            t, mine = state[key], getattr(self, buf)
+            if t.shape == mine.shape:
+                with torch.no_grad():
+                    mine.copy_(t)  # in place: a compiled graph holding the buffer sees the restored values
+            else:
+                setattr(self, buf, t.detach().to(device=device, dtype=torch.float32, copy=True))
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """A state_dict without `<prefix>_extra_state` (torch.nn.Linear's, or one written before the key existed)
+        loads strictly too: the delayed-scaling state is then left as it is."""
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        key = prefix + "_extra_state"
+        if key in missing_keys:
+            missing_keys.remove(key)
 
     def _delayed_state(self, recipe, device):
         """(fwd_scale, fwd_history, bwd_scale, bwd_history) for a delayed recipe, else four Nones."""

@@ -25,9 +25,9 @@ sequence parallel) or torch.distributed's all-gather / reduce-scatter / all-redu
 
 The helpers the layers share (the GEMM calls, quantizer configs, alignment, DelayedMixin) are in _layer_gemms.py.
 
-Delayed scaling keeps per-layer scales and amax histories in non-persistent buffers (moved by `.to()`, not in
-`state_dict`, which stays identical to the torch modules'); they are updated once per step per layer: forward
-slots right after the layer's forward, backward slots right after its backward.
+Delayed scaling keeps per-layer scales and amax histories in non-persistent float32 buffers (moved by `.to()`, saved
+in `state_dict` as the layer's `_extra_state`, TE's key: DelayedMixin); they are updated once per step per layer:
+forward slots right after the layer's forward, backward slots right after its backward.
 """
 from __future__ import annotations
 
@@ -103,7 +103,8 @@ class _LinearFn(torch.autograd.Function):
 
 class Linear(DelayedMixin, torch.nn.Module):
     """y = x·Wᵀ + b with W `[out_features, in_features]` in `params_dtype` (default torch's default dtype), the same
-    parameters, initialisation and state_dict keys as `torch.nn.Linear`. Inside `tex.autocast` the three GEMMs run
+    parameters, initialisation and state_dict keys as `torch.nn.Linear` plus `_extra_state` (the delayed-scaling
+    state; a torch.nn.Linear state_dict loads strictly without it). Inside `tex.autocast` the three GEMMs run
     quantized by the recipe (see the module docstring); outside it is `F.linear`.
 
     Tensor parallel (`tp_group` a torch.distributed group of tp ranks): `parallel_mode="column"` keeps W's rows

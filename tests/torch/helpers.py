@@ -155,3 +155,8 @@ def capture_graph(fn):
     with torch.cuda.graph(graph):
         out = fn()
     return graph, out
+
+
+def without_extra_state(state_dict):
+    """A tex state_dict without its `_extra_state` entries (the delayed-scaling state), for a torch module."""
+    return {k: v for k, v in state_dict.items() if not k.endswith("_extra_state")}

@@ -132,7 +132,7 @@ def test_plain_without_bias_and_3d_input():
 def test_te_names_and_init():
     torch.manual_seed(0)
     m = tex.GroupedLinear(3, 16, 8)
-    assert list(m.state_dict()) == ["weight0", "bias0", "weight1", "bias1", "weight2", "bias2"]
+    assert list(m.state_dict()) == ["weight0", "bias0", "weight1", "bias1", "weight2", "bias2", "_extra_state"]
     assert all(getattr(m, f"weight{g}").shape == (8, 16) for g in range(3))
     w = torch.cat([m.weight0, m.weight1, m.weight2]).detach()
     assert abs(w.std().item() - 0.023) < 0.006 and all(torch.count_nonzero(b) == 0 for b in params(m)[1])

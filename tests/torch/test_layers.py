@@ -14,7 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.torch.helpers import CAPTURE_WARMUPS, DEVICE_PARAMS, HAS_CUDA, capture_graph, tex_module
+from tests.torch.helpers import (CAPTURE_WARMUPS, DEVICE_PARAMS, HAS_CUDA, capture_graph, tex_module,
+                                 without_extra_state)
 
 tex = tex_module()
 
@@ -112,7 +113,7 @@ def test_linear_plain_matches_nn_linear(device, dtype, tol):
     torch.manual_seed(0)
     m = tex.Linear(40, 24, params_dtype=dtype, device=device)  # plain math: any dims
     ref = torch.nn.Linear(40, 24, dtype=dtype, device=device)
-    ref.load_state_dict(m.state_dict())
+    ref.load_state_dict(without_extra_state(m.state_dict()))
     x, dy = make_inputs((3, 5, 40), (3, 5, 24), device, dtype)
     y, gs = run_fwd_bwd(m, x, dy)
     xr = x.clone().requires_grad_()
@@ -345,12 +346,14 @@ def test_delayed_scale_is_used_next_step():
     torch.testing.assert_close(y2.double(), ref, rtol=1e-6, atol=1e-7)
 
 
-def test_delayed_state_not_in_state_dict_and_moves_with_to():
+def test_delayed_state_in_extra_state_and_moves_with_to():
     m = tex.MLP(32, 64)
     with tex.autocast(recipe=tex.DelayedScaling(amax_history_len=3)):
         m(torch.randn(32, 32))
     assert m.fp8_fwd_amax_history.shape == (3, 6) and m.fp8_bwd_amax_history.shape == (3, 4)
-    assert set(m.state_dict()) == {"fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"}
+    sd = m.state_dict()
+    assert set(sd) == {"fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias", "_extra_state"}
+    assert sd["_extra_state"]["fwd_amax_history"] is m.fp8_fwd_amax_history  # the buffers (tests/torch/test_checkpoint.py)
     m.to(torch.device("cpu"))
     assert m.fp8_fwd_scale.device.type == "cpu"
 
@@ -440,9 +443,9 @@ def test_state_dict_and_to():
     torch.manual_seed(9)
     m = tex.Linear(32, 48)
     ref = torch.nn.Linear(32, 48)
-    ref.load_state_dict(m.state_dict())  # same keys and shapes as torch.nn.Linear
+    ref.load_state_dict(without_extra_state(m.state_dict()))  # torch.nn.Linear's keys and shapes + _extra_state
     m2 = tex.Linear(32, 48)
-    m2.load_state_dict(ref.state_dict())
+    m2.load_state_dict(ref.state_dict())  # strict: a state_dict without _extra_state loads
     x = torch.randn(4, 32)
     assert torch.equal(m2(x), ref(x))
     mb = m.to(torch.bfloat16)
@@ -451,7 +454,7 @@ def test_state_dict_and_to():
     with torch.no_grad(), tex.autocast(recipe=tex.Float8CurrentScaling()):
         assert mb(x.bfloat16()).dtype == torch.bfloat16
     mlp = tex.MLP(32, 64, activation="swiglu", bias=False)
-    assert set(mlp.state_dict()) == {"fc1_weight", "fc2_weight"} and mlp.fc1_weight.shape == (128, 32)
+    assert set(mlp.state_dict()) == {"fc1_weight", "fc2_weight", "_extra_state"} and mlp.fc1_weight.shape == (128, 32)
 
 
 def test_params_dtype_and_nn_linear_init():

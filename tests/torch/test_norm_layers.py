@@ -158,12 +158,12 @@ def test_parameter_names_order_and_init():
     assert [n for n, _ in tex.LayerNorm(8).named_parameters()] == ["weight", "bias"]
     assert [n for n, _ in tex.RMSNorm(8).named_parameters()] == ["weight"]
     lnl = tex.LayerNormLinear(64, 128)
-    assert list(lnl.state_dict()) == ["layer_norm_weight", "layer_norm_bias", "weight", "bias"]
+    assert list(lnl.state_dict()) == ["layer_norm_weight", "layer_norm_bias", "weight", "bias", "_extra_state"]
     assert list(tex.LayerNormLinear(64, 32, normalization="RMSNorm", bias=False).state_dict()) == [
-        "layer_norm_weight", "weight"]
+        "layer_norm_weight", "weight", "_extra_state"]
     mlp = tex.LayerNormMLP(64, 128, activation="swiglu")
     assert list(mlp.state_dict()) == ["layer_norm_weight", "layer_norm_bias", "fc1_weight", "fc1_bias",
-                                      "fc2_weight", "fc2_bias"]
+                                      "fc2_weight", "fc2_bias", "_extra_state"]
     assert mlp.fc1_weight.shape == (256, 64) and mlp.fc2_weight.shape == (64, 128)
     # TE's init: norm weight ones (zeros zero-centred), biases zeros, GEMM weights normal(0, 0.023)
     assert torch.equal(lnl.layer_norm_weight, torch.ones(64)) and not lnl.layer_norm_bias.any()
