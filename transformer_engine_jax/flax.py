@@ -36,6 +36,7 @@ from ._flax_base import FP8Meta, _Quantized, default_bias_init, default_kernel_i
 from .activation import activation
 from .activation_types import activation_of
 from .dense import dense
+from .flax_checkpoint import load_state, save_state
 from .flax_transformer import LayerNorm, LayerNormDenseGeneral, LayerNormMLP, TransformerLayer
 from .grouped_dense import grouped_dense
 from .mlp import mlp
@@ -43,7 +44,7 @@ from .quantizers import DelayedScaleQuantizer, Quantizer
 from .recipe import QuantizerSet, update_quantizer_set
 
 __all__ = ["FP8Meta", "Dense", "MLP", "MoEMLP", "update_fp8_meta", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP",
-           "TransformerLayer"]
+           "TransformerLayer", "save_state", "load_state"]
 
 class Dense(_Quantized):
     """y = x·kernel + bias through `tej.dense`; parameters, initializers and dtype promotion as `flax.nnx.Linear`
