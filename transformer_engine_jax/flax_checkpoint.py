@@ -54,15 +54,16 @@ def save_state(path: str, **objects) -> None:
 
 
 def _restored(key: str, stored, target, saved_dtype: str, saved_shape: list):
-    """The saved bytes as an array like `target` (dtype, shape, sharding, PRNG key impl); raises on a mismatch."""
+    """The saved bytes as an array like `target` (dtype, shape, placement, PRNG key impl); raises on a mismatch."""
     want = jax.random.key_data(target) if _is_key(target) else target
     dtype, shape = np.dtype(want.dtype), tuple(want.shape)
     if dtype.name != saved_dtype or shape != tuple(saved_shape):
         raise ValueError(f"tej.flax.load_state: {key} was saved as {saved_dtype} {tuple(saved_shape)}, the object "
                          f"holds {dtype.name} {shape}: restore into a model of the same sizes and dtypes")
     a = stored.view(dtype).reshape(shape)
-    sharding = getattr(target, "sharding", None)
-    value = jax.device_put(a, sharding) if sharding is not None else jax.numpy.asarray(a)
+    # Placed as the target: a committed (e.g. sharded) array on its sharding, an uncommitted one uncommitted — jit
+    # keys its cache on that, and a restored model would otherwise compile its step again.
+    value = jax.device_put(a, target.sharding) if getattr(target, "committed", False) else jax.numpy.asarray(a)
     return jax.random.wrap_key_data(value, impl=jax.random.key_impl(target)) if _is_key(target) else value
 
 
@@ -71,7 +72,7 @@ def load_state(path: str, **objects) -> None:
     keywords. The objects must have the structure of those saved (same modules and sizes, built under the same
     recipe: a model built outside `tej.autocast(recipe=DelayedScaling(...))` has no FP8Meta to restore into); an
     entry missing on either side, or of another dtype or shape, raises naming it. Each array keeps the target's
-    sharding (restore into a sharded model to get a sharded one)."""
+    placement (restore into a sharded model to get a sharded one)."""
     with np.load(path) as z:
         if _HEADER not in z.files:
             raise ValueError(f"tej.flax.load_state: {path!r} is not a tej.flax checkpoint (no {_HEADER} entry)")
