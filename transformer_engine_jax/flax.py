@@ -4,7 +4,8 @@ transformer_engine_jax` never imports this module: `tej.flax` loads it on first 
 `Dense` has the parameters and initializers of `flax.nnx.Linear` (kernel [in, out], bias [out]); `MLP` holds fc1
 [hidden, A·ffn] (A = 2 for a gated activation, the activated half first, as tej.mlp's w1 [K, A, F] reshaped) and fc2
 [ffn, hidden]. `MoEMLP` holds the same pair per expert ([E, ...]). LayerNorm, LayerNormDenseGeneral, LayerNormMLP and
-TransformerLayer (TE's names and parameters) live in flax_transformer.py and are exported here. All quantize as the
+TransformerLayer (TE's names and parameters) live in flax_transformer.py and are exported here. `save_state` /
+`load_state` (flax_checkpoint.py): a checkpoint of modules and optimizers, FP8Meta included. All quantize as the
 enclosing `tej.autocast` says, read while tracing.
 
 The one invariant: delayed scaling's state (scales, amax histories) is a `QuantizerSet` held in an `FP8Meta`
