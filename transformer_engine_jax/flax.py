@@ -4,7 +4,8 @@ transformer_engine_jax` never imports this module: `tej.flax` loads it on first 
 `Dense` has the parameters and initializers of `flax.nnx.Linear` (kernel [in, out], bias [out]); `MLP` holds fc1
 [hidden, A·ffn] (A = 2 for a gated activation, the activated half first, as tej.mlp's w1 [K, A, F] reshaped) and fc2
 [ffn, hidden]. `MoEMLP` holds the same pair per expert ([E, ...]). LayerNorm, LayerNormDenseGeneral, LayerNormMLP and
-TransformerLayer (TE's names and parameters) live in flax_transformer.py and are exported here. All quantize as the
+TransformerLayer (TE's names and parameters) live in flax_transformer.py and are exported here. `save_state` /
+`load_state` (flax_checkpoint.py): a checkpoint of modules and optimizers, FP8Meta included. All quantize as the
 enclosing `tej.autocast` says, read while tracing.
 
 The one invariant: delayed scaling's state (scales, amax histories) is a `QuantizerSet` held in an `FP8Meta`
@@ -36,6 +37,7 @@ from ._flax_base import FP8Meta, _Quantized, default_bias_init, default_kernel_i
 from .activation import activation
 from .activation_types import activation_of
 from .dense import dense
+from .flax_checkpoint import load_state, save_state
 from .flax_transformer import LayerNorm, LayerNormDenseGeneral, LayerNormMLP, TransformerLayer
 from .grouped_dense import grouped_dense
 from .mlp import mlp
@@ -43,7 +45,7 @@ from .quantizers import DelayedScaleQuantizer, Quantizer
 from .recipe import QuantizerSet, update_quantizer_set
 
 __all__ = ["FP8Meta", "Dense", "MLP", "MoEMLP", "update_fp8_meta", "LayerNorm", "LayerNormDenseGeneral", "LayerNormMLP",
-           "TransformerLayer"]
+           "TransformerLayer", "save_state", "load_state"]
 
 class Dense(_Quantized):
     """y = x·kernel + bias through `tej.dense`; parameters, initializers and dtype promotion as `flax.nnx.Linear`
