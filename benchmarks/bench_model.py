@@ -10,7 +10,9 @@ SwiGLU MLP, no biases, vocab 32000 embedding and bf16 LM head), sequence 2048, a
 Torch variants, every one from the same bf16 weights, in one run, timed interleaved (round i runs each variant's step
 once, the order reversed on odd rounds; CUDA events around each step; speed-ups are medians of the per-round ratios):
   bf16 eager          baselines.TorchDecoder: torch.nn.Linear, F.scaled_dot_product_attention, torch.nn.RMSNorm;
-  bf16 torch.compile  the same module compiled;
+  bf16 torch.compile  the same module compiled per block (each layer, and the final norm + LM head + loss, one
+                      graph each, as torchtitan does: identical layers share one compiled graph, so compiling costs
+                      one layer's time) — every compiled variant below is compiled the same way;
   torchao float8      torchao.float8.convert_to_float8_training on the plain model (every Linear but the LM head),
                       tensorwise and rowwise configs, compiled (as torchao recommends);
   ours                the same architecture with tex.TransformerLayer(normalization="RMSNorm", activation="swiglu",
@@ -51,6 +53,8 @@ import tempfile
 import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # the JAX children share the GPU with this process
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")  # up to 14 models resident at once:
+#                                                                                 no fragmentation between them
 
 import torch  # noqa: E402
 
@@ -115,7 +119,7 @@ def quick_skip(name, kind, key, compiled):
     if name.replace(" (compile)", "").endswith(EMULATED):
         return "skipped: --quick leaves out the formats this device emulates"
     if kind == "ours" and compiled and key != "fp8 current":
-        return "skipped: --quick compiles only FP8 current of ours"
+        return "skipped: --quick and --cpu-smoke compile only FP8 current of ours"
     return None
 
 
@@ -194,7 +198,7 @@ def build(tex, spec, ref, cfg, args, device, ao_why):
         model = ours_decoder(tex, ref, cfg, device)
     if compiled:
         # --cpu-smoke: dynamo's trace only (backend "eager"): Inductor's CPU compile is minutes on a small host
-        model = torch.compile(model, dynamic=False, **({"backend": "eager"} if args.cpu_smoke else {}))
+        model.compile_blocks(dynamic=False, **({"backend": "eager"} if args.cpu_smoke else {}))
     return Contender(tex, model, recipe, *args.batch_tokens, device)
 
 
@@ -274,19 +278,26 @@ def run_size(tex, size, args, device):
         H.log(f"ready {size} {spec[0]}: first loss {row['loss_first']:.4f}"
               + ("" if row["peak_gb"] is None else f", peak {row['peak_gb']:.2f} GB")
               + ("" if row["step_ms"] is None else f", {row['step_ms']:.2f} ms"))
-    times = {}
+    times, oom = {}, False
     if ready:
         H.log(f"{size}: timing {len(ready)} variants interleaved, {args.iters} rounds")
-        times = H.interleaved({n: c.step for n, c in ready.items()}, args.iters, warmup=0, device=device,
-                              flush=False)
+        try:
+            times = H.interleaved({n: c.step for n, c in ready.items()}, args.iters, warmup=0, device=device,
+                                  flush=False)
+        except torch.cuda.OutOfMemoryError:
+            oom = True
         for r in rows:
-            if r["variant"] in ready:
+            if r["variant"] in ready and not oom:
                 r["step_ms"] = statistics.median(times[r["variant"]]) / 1e3
                 r["loss_last"] = ready[r["variant"]].last.item()
     ready.clear()
     del ref, data
     args.batch_tokens = None
     H.release(device)
+    if oom:  # every variant fitted alongside the others while it was built, but not all of them while timing
+        H.log(f"{size}: out of memory while timing interleaved: building and timing each variant alone instead")
+        args.sequential = True
+        return run_size(tex, size, args, device)
     finish_rows(rows, times)
     return rows
 
@@ -541,6 +552,17 @@ def queue_plot(report):
     report.plot("model", draw, figsize=(14, 0.3 * len(names) * max(1, len(sizes)) + 2))
 
 
+def report_name(args):
+    """'model' for the full run, else what part it is ('model_quick', 'model_1b_torch', ...), so that the parts of a
+    run split over several commands do not overwrite each other."""
+    parts = ["model"] + (["quick"] if args.quick else [])
+    if not args.quick and not args.cpu_smoke and args.sizes != list(SIZES):
+        parts += args.sizes
+    if len(args.frameworks) == 1:
+        parts += args.frameworks
+    return "_".join(parts)
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -565,8 +587,8 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.quick:
         args.sizes, args.iters = ["125m"], min(args.iters, 8)
-    if args.cpu_smoke:  # --quick's variants (but the formats it emulates on sm_90), tiny shapes, 2 + 2 steps
-        args.sizes, args.iters, args.warmup = ["125m"], 2, 2
+    if args.cpu_smoke:  # --quick's variants (but the formats it emulates on sm_90), tiny shapes, 1 + 2 steps
+        args.sizes, args.iters, args.warmup = ["125m"], 2, 1
     return args
 
 
@@ -583,7 +605,7 @@ def main(argv=None):
         torch._dynamo.config.recompile_limit = 64
     name = H.device_name(device)
     seq = SMOKE["seq"] if args.cpu_smoke else args.seq
-    report = H.Report("model", {"device": name, "sizes": args.sizes, "frameworks": args.frameworks, "seq": seq,
+    report = H.Report(report_name(args), {"device": name, "sizes": args.sizes, "frameworks": args.frameworks, "seq": seq,
                                 "iters": args.iters, "warmup": args.warmup, "quick": args.quick,
                                 "sequential": args.sequential, "cpu_smoke": args.cpu_smoke,
                                 "optimizer": f"AdamW {ADAMW}",
@@ -614,6 +636,7 @@ def main(argv=None):
     report.print_targets(f"Targets (issue 36; H100's targets, this run on {name}):")
     report.summary("variants", time.perf_counter() - t_start, args.cpu_smoke)
     queue_plot(report)
+    report.meta["sequential"] = args.sequential  # set by an interleaved timing that ran out of memory
     default = os.path.join(H.RESULTS_ROOT, "cpu" if args.cpu_smoke else "model")
     out_dir = None if args.no_save else args.out_dir or (None if args.only and not args.cpu_smoke else default)
     report.save(out_dir, json_path=args.json)
