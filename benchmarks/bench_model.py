@@ -16,8 +16,8 @@ once, the order reversed on odd rounds; CUDA events around each step; speed-ups 
   torchao float8      torchao.float8.convert_to_float8_training on the plain model (every Linear but the LM head),
                       tensorwise and rowwise configs, compiled (as torchao recommends);
   ours                the same architecture with tex.TransformerLayer(normalization="RMSNorm", activation="swiglu",
-                      bias=False, rotary_pos_emb) layers, under each recipe (FP8 delayed, FP8 current, MXFP8, NVFP4,
-                      FP8 block), eager and compiled. The embedding, final norm and LM head are the same plain bf16
+                      bias=False, rotary_pos_emb) layers, under each recipe (FP8 delayed, FP8 current, FP8 block, MXFP8,
+                      NVFP4), eager and compiled. The embedding, final norm and LM head are the same plain bf16
                       modules as the baseline's, outside tex.autocast.
 Every variant uses torch.optim.AdamW(lr 3e-4, betas (0.9, 0.95), weight decay 0.01; fused on CUDA), and sees the same
 batch every step (random tokens: the loss falls as the model memorises it).
@@ -66,8 +66,9 @@ VOCAB, SEQ, EPS = 32000, 2048, 1e-5
 SIZES = {"125m": dict(hidden=768, layers=12, heads=12, ffn=2048, batch=8),
          "1b": dict(hidden=2048, layers=16, heads=16, ffn=6144, batch=4)}
 SMOKE = dict(hidden=128, layers=2, heads=4, ffn=256, batch=2, vocab=512, seq=64)  # every dim a multiple of 32
-RECIPES = {"fp8 delayed": "DelayedScaling", "fp8 current": "Float8CurrentScaling", "mxfp8": "MXFP8BlockScaling",
-           "nvfp4": "NVFP4BlockScaling", "fp8 block": "Float8BlockScaling"}
+RECIPES = {"fp8 delayed": "DelayedScaling", "fp8 current": "Float8CurrentScaling", "fp8 block": "Float8BlockScaling",
+           "mxfp8": "MXFP8BlockScaling", "nvfp4": "NVFP4BlockScaling"}  # the formats sm_90 emulates last: built
+#                                                                           last, they find the least memory left
 NATIVE = {"mxfp8": "MXFP8Tensor", "nvfp4": "NVFP4Tensor"}  # the formats whose GEMM may be emulated (sm_90)
 JAX_RECIPES = ("fp8 current", "fp8 delayed", "mxfp8", "nvfp4")
 QUICK_JAX_RECIPES = ("fp8 current", "fp8 delayed")
@@ -571,6 +572,7 @@ def parse_args(argv=None):
                         "JAX: FP8 current and delayed")
     p.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     p.add_argument("--frameworks", nargs="+", choices=("torch", "jax"), default=["torch", "jax"])
+    p.add_argument("--jax", action="store_true", help="the JAX section only (--frameworks jax)")
     p.add_argument("--batch", type=int, help="sequences per step for every size (default: 8 for 125m, 4 for 1b)")
     p.add_argument("--seq", type=int, default=SEQ)
     p.add_argument("--iters", type=int, default=20, help="timed steps per variant (torch: interleaved rounds)")
@@ -585,6 +587,8 @@ def parse_args(argv=None):
     p.add_argument("--child-out", help=argparse.SUPPRESS)
     H.add_output_args(p)
     args = p.parse_args(argv)
+    if args.jax:
+        args.frameworks = ["jax"]
     if args.quick:
         args.sizes, args.iters = ["125m"], min(args.iters, 8)
     if args.cpu_smoke:  # --quick's variants (but the formats it emulates on sm_90), tiny shapes, 1 + 2 steps
@@ -600,9 +604,13 @@ def main(argv=None):
     device, tex = H.start(args, "bench_model")
     if tex is None:
         return 2
-    torch._dynamo.config.cache_size_limit = 64  # one compiled Decoder.forward per variant: past the default 8,
-    if hasattr(torch._dynamo.config, "recompile_limit"):  # dynamo would run the later ones eagerly
-        torch._dynamo.config.recompile_limit = 64
+    # Every compiled variant adds entries to the same code objects' caches (TorchDecoderLayer.forward,
+    # TransformerLayer.forward, TorchDecoder.tail: per variant, size, and per layer where modules are not inlined);
+    # past dynamo's limits (8 per code object) the later ones would silently run eagerly.
+    for limit, value in (("cache_size_limit", 256), ("recompile_limit", 256), ("accumulated_cache_size_limit", 2048),
+                         ("accumulated_recompile_limit", 2048)):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, value)
     name = H.device_name(device)
     seq = SMOKE["seq"] if args.cpu_smoke else args.seq
     report = H.Report(report_name(args), {"device": name, "sizes": args.sizes, "frameworks": args.frameworks, "seq": seq,
