@@ -98,25 +98,29 @@ def loss_tol(variant):
 # ----------------------------------------------------------------------------------------------------------
 # Torch variants
 # ----------------------------------------------------------------------------------------------------------
+def emulated_star(key, device, smoke):
+    """EMULATED when the device has no native GEMM for the recipe `key`'s format (MXFP8, NVFP4 on sm_90), else ''."""
+    if key not in NATIVE or smoke or device != "cuda":
+        return ""
+    from transformer_engine_torch import _device
+
+    return "" if NATIVE[key] in _device.native_gemm_formats(torch.cuda.current_device()) else EMULATED
+
+
 def variants(device, smoke):
     """[(name, kind, recipe key or torchao recipe, compiled)] in the order they are built and reported."""
-    native = set()
-    if device == "cuda":
-        from transformer_engine_torch import _device
-
-        native = _device.native_gemm_formats(torch.cuda.current_device())
     out = [(BASE_EAGER, "bf16", None, False), (BASE_COMPILE, "bf16", None, True),
            (BASE_TORCHAO, "torchao", "tensorwise", True), ("torchao float8 rowwise (compile)", "torchao", "rowwise", True)]
     for key in RECIPES:
-        star = "" if key not in NATIVE or NATIVE[key] in native or smoke else EMULATED
+        star = emulated_star(key, device, smoke)
         for compiled in (False, True):
             out.append((f"ours {key}{star}" + (" (compile)" if compiled else ""), "ours", key, compiled))
     return out
 
 
 def quick_skip(name, kind, key, compiled):
-    """Why --quick leaves a variant out (None: it runs): the emulated formats, and our compiled forms but FP8
-    current's (the target's)."""
+    """Why --quick (and --cpu-smoke) leave a variant out (None: it runs): the formats the device emulates, and our
+    compiled forms but FP8 current's (the target's)."""
     if name.replace(" (compile)", "").endswith(EMULATED):
         return "skipped: --quick leaves out the formats this device emulates"
     if kind == "ours" and compiled and key != "fp8 current":
@@ -447,9 +451,9 @@ def tej_decoder(tej, nnx, jnp, PM, recipe, plain, cfg):
     return model
 
 
-def run_jax(size, args):
+def run_jax(size, args, device):
     """Rows of the JAX variants of one size, each from a child process of this script (under --cpu-smoke, where no
-    peak memory is read, one child runs them all)."""
+    peak memory is read, one child runs them all); the formats the device emulates marked as on the torch side."""
     rows = []
     names = [n for n in jax_variants(args) if not args.only or n == FLAX_BF16 or any(s in n for s in args.only)]
     for name in [",".join(names)] if args.cpu_smoke else names:
@@ -475,6 +479,8 @@ def run_jax(size, args):
             H.log(f"SKIP  jax {size} {n}: {why}")
             rows.append({"framework": "jax", "size": size, "variant": n, "step_ms": None,
                          "valid": "No module named 'flax'" in why, "status": f"skipped: {why}"})
+    for r in rows:
+        r["variant"] += emulated_star(r["variant"][len("ours "):], device, args.cpu_smoke)
     base = next((r for r in rows if r["variant"] == FLAX_BF16), None)
     for r in rows:
         if r.get("step_ms"):
@@ -623,7 +629,7 @@ def main(argv=None):
         if "torch" in args.frameworks:
             report.rows += run_size(tex, size, args, device)
         if "jax" in args.frameworks:
-            report.rows += run_jax(size, args)
+            report.rows += run_jax(size, args, device)
     torch_rows = [r for r in report.rows if r["framework"] == "torch"]
     jax_rows = [r for r in report.rows if r["framework"] == "jax"]
     report.emit()
