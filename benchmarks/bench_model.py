@@ -110,7 +110,8 @@ def emulated_star(key, device, smoke):
 def variants(device, smoke):
     """[(name, kind, recipe key or torchao recipe, compiled)] in the order they are built and reported."""
     out = [(BASE_EAGER, "bf16", None, False), (BASE_COMPILE, "bf16", None, True),
-           (BASE_TORCHAO, "torchao", "tensorwise", True), ("torchao float8 rowwise (compile)", "torchao", "rowwise", True)]
+           (BASE_TORCHAO, "torchao", "tensorwise", True),
+           ("torchao float8 rowwise (compile)", "torchao", "rowwise", True)]
     for key in RECIPES:
         star = emulated_star(key, device, smoke)
         for compiled in (False, True):
@@ -619,7 +620,8 @@ def main(argv=None):
             setattr(torch._dynamo.config, limit, value)
     name = H.device_name(device)
     seq = SMOKE["seq"] if args.cpu_smoke else args.seq
-    report = H.Report(report_name(args), {"device": name, "sizes": args.sizes, "frameworks": args.frameworks, "seq": seq,
+    report = H.Report(report_name(args), {"device": name, "sizes": args.sizes, "frameworks": args.frameworks,
+                                          "seq": seq,
                                 "iters": args.iters, "warmup": args.warmup, "quick": args.quick,
                                 "sequential": args.sequential, "cpu_smoke": args.cpu_smoke,
                                 "optimizer": f"AdamW {ADAMW}",

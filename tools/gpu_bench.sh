@@ -54,7 +54,8 @@ for step in $steps; do
     model)  # not in the default steps (minutes per size); its report goes straight to $OUT/model/
       python3 benchmarks/bench_model.py $flags ${MODEL_ARGS:-} --out-dir "$OUT/model" >"$OUT/bench_model.log" 2>&1
       r=$?
-      grep -E "^  (MET|NOT MET|NOT MEASURED) |^Summary|skipped|FAILED" "$OUT/bench_model.log" | tee -a "$OUT/summary.txt"
+      grep -E "^  (MET|NOT MET|NOT MEASURED) |^Summary|skipped|FAILED" "$OUT/bench_model.log" |
+        tee -a "$OUT/summary.txt"
       ;;
     *) note "unknown step $step (build, act, gemm, mlp, jax, jax_gemm, model)"; r=2 ;;
   esac
