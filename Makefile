@@ -21,11 +21,12 @@ test:
 gpu-check:
 	bash tools/gpu_check.sh
 
-# The four benchmarks (validated first, then timed); each writes benchmarks/results/<gpu>/<bench>.json, .md and
-# PNG plots. QUICK=1: a short run (--quick). All four run even if one fails; the exit status says whether any did.
+# The benchmarks (validated first, then timed); each writes benchmarks/results/<gpu>/<bench>.json, .md and PNG plots
+# (bench_model: benchmarks/results/model/). QUICK=1: a short run (--quick). All run even if one fails; the exit
+# status says whether any did.
 BENCH_ARGS ?= $(if $(QUICK),--quick,)
 bench:
-	@rc=0; for b in activations gemm mlp jax jax_gemm; do $(PYTHON) benchmarks/bench_$$b.py $(BENCH_ARGS) || rc=1; done; exit $$rc
+	@rc=0; for b in activations gemm mlp jax jax_gemm model; do $(PYTHON) benchmarks/bench_$$b.py $(BENCH_ARGS) || rc=1; done; exit $$rc
 
 # Without a GPU: tiny shapes on the CPU through the same code (validation, JSON, plots); results/cpu/ is ignored.
 bench-smoke:

@@ -20,6 +20,7 @@ and a clear message when the extension is not built.
 import csv
 import datetime
 import gc
+import glob
 import json
 import os
 import re
@@ -51,6 +52,29 @@ def import_tex():
             raise ImportError(f"cannot import transformer_engine_torch ({e}); build it first (python setup.py "
                               "build_ext --inplace) and run from the repository root") from e
     return tex
+
+
+def import_torchao():
+    """(torchao, None), or (None, why it is unavailable). When torchao is not installed, the newest
+    third_party/wheels/torchao-*.whl goes on sys.path first (a GPU machine without pip or network gets the wheel
+    carried with the working tree; Python imports its pure-Python float8 training path straight from the zip, and
+    torchao skips its compiled extensions, which it cannot load from a zip and which float8 training does not use)."""
+    try:
+        import torchao
+        return torchao, None
+    except ImportError as e:
+        first = e
+    wheels = sorted(glob.glob(os.path.join(REPO_ROOT, "third_party", "wheels", "torchao-*.whl")))
+    if not wheels:
+        return None, (f"torchao is not installed ({first}) and no third_party/wheels/torchao-*.whl was found (pip "
+                      f"download torchao --no-deps -d third_party/wheels, a release built for torch "
+                      f"{torch.__version__.split('+')[0]})")
+    sys.path.insert(0, wheels[-1])
+    try:
+        import torchao
+        return torchao, None
+    except Exception as e:  # a wheel for another torch: its import fails somewhere inside
+        return None, f"torchao from {os.path.basename(wheels[-1])} does not import: {type(e).__name__}: {e}"
 
 
 def gpu_slug(device_name=None):

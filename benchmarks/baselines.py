@@ -479,3 +479,98 @@ class TorchMLP(torch.nn.Module):
         else:
             h = F.gelu(h, approximate="tanh")
         return self.fc2(h)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Decoder baseline (bench_model.py): a Llama-style decoder from torch.nn.Linear, torch.nn.RMSNorm and
+# F.scaled_dot_product_attention, laid out as tex.TransformerLayer so that weights copy over unchanged
+# ----------------------------------------------------------------------------------------------------------
+def rope_freqs(seq, head_dim, base=10000.0, device=None):
+    """TE's rotary frequencies [seq, 1, 1, head_dim] (float32): position t times base^(-2i/head_dim) for the
+    head_dim/2 pairs, the two halves equal (non-interleaved: channel i pairs with i + head_dim/2)."""
+    inv = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    f = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv)
+    return torch.cat((f, f), dim=-1)[:, None, None, :]
+
+
+def apply_rope_bshd(t, freqs):
+    """t [b, s, heads, d] rotated by freqs [>= s, 1, 1, d]: t·cos + rotate_half(t)·sin, cos and sin rounded to t's
+    dtype (tex.apply_rotary_pos_emb's rule, written here in plain torch)."""
+    f = freqs[: t.shape[1]].transpose(0, 1)
+    cos, sin = f.cos().to(t.dtype), f.sin().to(t.dtype)
+    t1, t2 = t.chunk(2, dim=-1)
+    return t * cos + torch.cat((-t2, t1), dim=-1) * sin
+
+
+class TorchDecoderLayer(torch.nn.Module):
+    """Pre-norm block, no biases: h = x + proj(SDPA_causal(rope(q), rope(k), v)), (q, k, v) = qkv(RMSNorm(x)) with
+    qkv's rows per head [q; k; v] (tex.TransformerLayer's fused layout); y = h + fc2(swiglu(fc1(RMSNorm(h)))), swiglu
+    = silu(first half) * second half of fc1's [.., 2 * ffn]. x [batch, seq, hidden]."""
+
+    def __init__(self, hidden, ffn, heads, eps, dtype, device):
+        super().__init__()
+        kw = dict(bias=False, dtype=dtype, device=device)
+        self.heads, self.head_dim = heads, hidden // heads
+        self.attn_norm = torch.nn.RMSNorm(hidden, eps=eps, dtype=dtype, device=device)
+        self.qkv = torch.nn.Linear(hidden, 3 * hidden, **kw)
+        self.proj = torch.nn.Linear(hidden, hidden, **kw)
+        self.mlp_norm = torch.nn.RMSNorm(hidden, eps=eps, dtype=dtype, device=device)
+        self.fc1 = torch.nn.Linear(hidden, 2 * ffn, **kw)
+        self.fc2 = torch.nn.Linear(ffn, hidden, **kw)
+
+    def forward(self, x, rotary_pos_emb):
+        b, s, h = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).view(b, s, self.heads, 3, self.head_dim).unbind(3)
+        q, k = apply_rope_bshd(q, rotary_pos_emb), apply_rope_bshd(k, rotary_pos_emb)
+        a = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, h))
+        g, u = self.fc1(self.mlp_norm(x)).chunk(2, dim=-1)
+        return x + self.fc2(F.silu(g) * u)
+
+
+class TorchDecoder(torch.nn.Module):
+    """Embedding [vocab, hidden] -> layers -> RMSNorm -> LM head Linear(hidden, vocab, no bias) -> mean cross entropy
+    of the float32 logits. `layers` is a list of modules called as layer(x, rotary_pos_emb=freqs) (TorchDecoderLayer,
+    tex.TransformerLayer in "bshd"); everything around them is plain torch in bf16 for every variant."""
+
+    def __init__(self, vocab, hidden, heads, seq, layers, eps, dtype, device):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden, dtype=dtype, device=device)
+        self.layers = torch.nn.ModuleList(layers)
+        self.norm = torch.nn.RMSNorm(hidden, eps=eps, dtype=dtype, device=device)
+        self.lm_head = torch.nn.Linear(hidden, vocab, bias=False, dtype=dtype, device=device)
+        self.register_buffer("freqs", rope_freqs(seq, hidden // heads, device=device), persistent=False)
+
+    def forward(self, tokens, targets):
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, rotary_pos_emb=self.freqs)
+        return self.tail(x, targets)
+
+    def tail(self, x, targets):
+        """Final norm, LM head and the loss (a method of its own so that it can be compiled as one graph)."""
+        logits = self.lm_head(self.norm(x))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def compile_blocks(self, **kw):
+        """torch.compile each layer and the tail, one graph each (torchtitan's per-block compile: the layers share
+        one compiled graph, so compiling costs one layer's time, not the whole model's). In place; returns self."""
+        for i, layer in enumerate(self.layers):
+            self.layers[i] = torch.compile(layer, **kw)
+        self.tail = torch.compile(self.tail, **kw)
+        return self
+
+
+def torch_decoder(cfg, dtype, device, seed=0):
+    """The plain decoder of `cfg` (vocab, hidden, heads, ffn, layers, seq, eps), weights drawn N(0, 0.02) (the
+    output projections proj and fc2 N(0, 0.02 / sqrt(2 * layers)), GPT-2's residual scaling), norms ones."""
+    torch.manual_seed(seed)
+    layers = [TorchDecoderLayer(cfg["hidden"], cfg["ffn"], cfg["heads"], cfg["eps"], dtype, device)
+              for _ in range(cfg["layers"])]
+    model = TorchDecoder(cfg["vocab"], cfg["hidden"], cfg["heads"], cfg["seq"], layers, cfg["eps"], dtype, device)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * cfg["layers"]) if name.endswith(("proj.weight", "fc2.weight")) else 0.02
+                p.normal_(0.0, std)
+    return model

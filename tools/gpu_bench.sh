@@ -8,8 +8,8 @@
 #   bench_<name>.log       each benchmark's full output
 #   build.log              when it built
 #   summary.txt            device, wall time and exit status per step, targets and summary lines
-# Usage: tools/gpu_bench.sh [build] [act] [gemm] [mlp] [jax] [jax_gemm]   (default: all six; build is skipped when
-#        up to date)
+# Usage: tools/gpu_bench.sh [build] [act] [gemm] [mlp] [jax] [jax_gemm] [model]   (default: the first six; build is
+#        skipped when up to date; model = bench_model.py, MODEL_ARGS=... for its own options, report in $OUT/model/)
 #        QUICK=1 tools/gpu_bench.sh                      passes --quick to every benchmark
 #        BENCH_ARGS=... tools/gpu_bench.sh               more arguments for every benchmark (--cpu-smoke to try the
 #                                                        script on a machine without a GPU)
@@ -51,7 +51,13 @@ for step in $steps; do
       grep -E "^  (MET|NOT MET|NOT MEASURED) |^Summary|^VALIDATION|^FAILED" "$OUT/bench_$name.log" |
         tee -a "$OUT/summary.txt"
       pack ;;
-    *) note "unknown step $step (build, act, gemm, mlp, jax, jax_gemm)"; r=2 ;;
+    model)  # not in the default steps (minutes per size); its report goes straight to $OUT/model/
+      python3 benchmarks/bench_model.py $flags ${MODEL_ARGS:-} --out-dir "$OUT/model" >"$OUT/bench_model.log" 2>&1
+      r=$?
+      grep -E "^  (MET|NOT MET|NOT MEASURED) |^Summary|skipped|FAILED" "$OUT/bench_model.log" |
+        tee -a "$OUT/summary.txt"
+      ;;
+    *) note "unknown step $step (build, act, gemm, mlp, jax, jax_gemm, model)"; r=2 ;;
   esac
   [ "$r" -ne 0 ] && rc=1
   note "$(printf '%-6s %7.1f s  exit %d' "$step" "$(( $(now_ms) - t0 ))e-3" "$r")"
