@@ -26,7 +26,7 @@ gpu-check:
 # status says whether any did.
 BENCH_ARGS ?= $(if $(QUICK),--quick,)
 bench:
-	@rc=0; for b in activations gemm mlp jax jax_gemm model; do $(PYTHON) benchmarks/bench_$$b.py $(BENCH_ARGS) || rc=1; done; exit $$rc
+	@rc=0; for b in activations gemm mlp norm jax jax_gemm model; do $(PYTHON) benchmarks/bench_$$b.py $(BENCH_ARGS) || rc=1; done; exit $$rc
 
 # Without a GPU: tiny shapes on the CPU through the same code (validation, JSON, plots); results/cpu/ is ignored.
 bench-smoke:
