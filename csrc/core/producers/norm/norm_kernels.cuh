@@ -17,14 +17,6 @@ namespace norm_cuda {
 
 constexpr int kThreads = 256;
 
-template <typename T> __device__ __forceinline__ float ld(const void* p, int64_t i) {
-  return to_float(static_cast<const T*>(p)[i]);
-}
-__device__ __forceinline__ float ld_param(const void* p, DType dt, int64_t i) {
-  if (dt == DType::kBFloat16) return ld<bf16_t>(p, i);
-  if (dt == DType::kFloat16) return ld<fp16_t>(p, i);
-  return ld<float>(p, i);
-}
 __device__ __forceinline__ void st_out(void* p, DType dt, int64_t i, float v) {
   if (dt == DType::kBFloat16) {
     static_cast<bf16_t*>(p)[i] = from_float<bf16_t>(v);
@@ -71,6 +63,34 @@ __device__ __forceinline__ void load_chunk(const void* base, int64_t e0, int64_t
   for (int j = 0; j < kNormVec; ++j) v[j] = e0 + j < h ? to_float(p[j]) : 0.0f;
 }
 
+// The chunk of a parameter vector (gamma or beta, dtype dt) at element e0 into v[0..8): one vector load when `vec`
+// (a whole, 16-byte aligned chunk), else element by element (zeros past h). One dtype switch per chunk, not per
+// element: the kernels are instruction-bound, not memory-bound (benchmarks/NOTES.md, 2026-11-29).
+__device__ __forceinline__ void load_param_chunk(const void* base, DType dt, int64_t e0, int64_t h, bool vec,
+                                                 float* v) {
+  if (dt == DType::kBFloat16) {
+    load_chunk<bf16_t>(base, e0, h, vec, v);
+  } else if (dt == DType::kFloat16) {
+    load_chunk<fp16_t>(base, e0, h, vec, v);
+  } else {
+    load_chunk<float>(base, e0, h, vec, v);
+  }
+}
+
+// gamma (as applied: 1 + gamma when zero-centred) and, for LayerNorm, beta of the chunk at e0.
+__device__ __forceinline__ void load_affine(const void* gamma, const void* beta, DType dt, bool zero_centered,
+                                            int64_t e0, int64_t h, bool vec, float (&g)[kNormVec],
+                                            float (&b)[kNormVec]) {
+  load_param_chunk(gamma, dt, e0, h, vec, g);
+  if (zero_centered) {
+#pragma unroll
+    for (int j = 0; j < kNormVec; ++j) g[j] = 1.0f + g[j];
+  }
+  if (beta != nullptr) load_param_chunk(beta, dt, e0, h, vec, b);
+}
+
+__device__ __forceinline__ bool aligned16_dev(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // norm.h's combination of the lane sums s (one per thread of the row's `warps` warps, which start at warp
 // `first_warp` of the block): the xor butterfly in the warp, then the pairwise tree over the warps' totals. `red`:
 // shared scratch of one float per warp of the block; every thread of the block calls this (it synchronises).
@@ -109,7 +129,7 @@ struct MxOut {
 
 // Forward: blockDim.x = kThreads; a row per group of L = norm_lanes(h) threads.
 template <typename InT, int NC, FwdOut kOut>
-__global__ void __launch_bounds__(kThreads, 4) fwd_kernel(NormFwdParams p, bool vec) {
+__global__ void __launch_bounds__(kThreads, 3) fwd_kernel(NormFwdParams p, bool vec) {
   __shared__ float red[kThreads / 32];
   const int64_t h = p.hidden;
   const int warps = norm_warps(h);
@@ -144,9 +164,14 @@ __global__ void __launch_bounds__(kThreads, 4) fwd_kernel(NormFwdParams p, bool 
 #pragma unroll
       for (int k = 0; k < NC; ++k) {
         const int64_t e0 = int64_t(lane) * kNormVec + k * step;
+        if (e0 + kNormVec <= h) {  // a whole chunk: no per-element guard (the same sum)
 #pragma unroll
-        for (int j = 0; j < kNormVec; ++j) {
-          if (e0 + j < h) s += f(to_float(raw[k].e[j]));
+          for (int j = 0; j < kNormVec; ++j) s += f(to_float(raw[k].e[j]));
+        } else {
+#pragma unroll
+          for (int j = 0; j < kNormVec; ++j) {
+            if (e0 + j < h) s += f(to_float(raw[k].e[j]));
+          }
         }
       }
     } else if (active) {
@@ -191,24 +216,27 @@ __global__ void __launch_bounds__(kThreads, 4) fwd_kernel(NormFwdParams p, bool 
     }
   }
   const MxOut mx{p.y, p.mx_scale, p.e4m3};
+  const bool vec_param = h % kNormVec == 0 && aligned16_dev(p.gamma) && (!ln || aligned16_dev(p.beta));
   float amax = 0.0f;
   // y of the chunk at e0 (v: its x values) and what the mode writes of it.
   const auto emit_chunk = [&](int64_t e0, const float* v) {
-    float y[kNormVec];
+    const int n = h - e0 < kNormVec ? int(h - e0) : kNormVec;
+    float g[kNormVec], b[kNormVec], y[kNormVec];
+    load_affine(p.gamma, ln ? p.beta : nullptr, p.gamma_dtype, p.zero_centered_gamma, e0, h,
+                vec_param && n == kNormVec, g, b);
+    if (ln) {
 #pragma unroll
-    for (int j = 0; j < kNormVec; ++j) {
-      const int64_t e = e0 + j < h ? e0 + j : e0;
-      float g = ld_param(p.gamma, p.gamma_dtype, e);
-      if (p.zero_centered_gamma) g = 1.0f + g;
-      if (ln) {
+      for (int j = 0; j < kNormVec; ++j) {
         const float t = (v[j] - mu) * rsigma;
-        y[j] = t * g + ld_param(p.beta, p.gamma_dtype, e);
-      } else {
+        y[j] = t * g[j] + b[j];
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kNormVec; ++j) {
         const float t = v[j] * rsigma;
-        y[j] = t * g;
+        y[j] = t * g[j];
       }
     }
-    const int n = h - e0 < kNormVec ? int(h - e0) : kNormVec;
     if constexpr (kOut == FwdOut::kAmax || kOut == FwdOut::kFp8) {
       if (kOut == FwdOut::kAmax || p.fp8_mode == 1) {
         for (int j = 0; j < n; ++j) amax = amax_update(amax, y[j]);
@@ -270,6 +298,7 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
   const int64_t step = int64_t(L) * kNormVec;
   const bool ln = p.kind == NormKind::kLayerNorm;
   const float hf = float(h);
+  const bool vec_param = h % kNormVec == 0 && aligned16_dev(p.gamma);
   float* pg = p.dgamma_part + int64_t(blockIdx.x) * h;
   float* pb = p.dbeta_part ? p.dbeta_part + int64_t(blockIdx.x) * h : nullptr;
   constexpr int kN = NC > 0 ? NC * kNormVec : 1;
@@ -289,12 +318,16 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
     const void* dz = static_cast<const InT*>(p.dz) + r * h;
     const float rs = p.rsigma[r];
     const float mu = ln ? p.mu[r] : 0.0f;
-    // Per element: xhat, dyg (and dz) from x and dz.
-    const auto terms = [&](int64_t e, float xv, float dzv, float& xhat, float& dyg) {
-      float g = ld_param(p.gamma, p.gamma_dtype, e);
-      if (p.zero_centered_gamma) g = 1.0f + g;
+    // Per element: xhat, dyg from x, dz and the applied gamma g.
+    const auto terms = [&](float g, float xv, float dzv, float& xhat, float& dyg) {
       xhat = ln ? (xv - mu) * rs : xv * rs;
       dyg = dzv * g;
+    };
+    // The chunk at e0's applied gamma (one load per chunk).
+    const auto gammas = [&](int64_t e0, float (&g)[kNormVec]) {
+      float unused[kNormVec];
+      load_affine(p.gamma, nullptr, p.gamma_dtype, p.zero_centered_gamma, e0, h, vec_param && e0 + kNormVec <= h, g,
+                  unused);
     };
     act_cuda::Vec8<InT> xs[NC > 0 ? NC : 1], ds[NC > 0 ? NC : 1];
     float sa = 0.0f, sb = 0.0f;
@@ -307,11 +340,13 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
           xs[k] = act_cuda::load8(static_cast<const InT*>(x) + e0, vec, n);
           ds[k] = act_cuda::load8(static_cast<const InT*>(dz) + e0, vec, n);
         }
+        float g[kNormVec];
+        gammas(e0, g);
 #pragma unroll
         for (int j = 0; j < kNormVec; ++j) {
           if (e0 + j < h) {
             float xhat, dyg;
-            terms(e0 + j, to_float(xs[k].e[j]), to_float(ds[k].e[j]), xhat, dyg);
+            terms(g[j], to_float(xs[k].e[j]), to_float(ds[k].e[j]), xhat, dyg);
             sa += dyg;
             sb += dyg * xhat;
           }
@@ -322,9 +357,11 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
         float cx[kNormVec], cd[kNormVec];
         load_chunk<InT>(x, e0, h, vec, cx);
         load_chunk<InT>(dz, e0, h, vec, cd);
+        float g[kNormVec];
+        gammas(e0, g);
         for (int j = 0; j < kNormVec && e0 + j < h; ++j) {
           float xhat, dyg;
-          terms(e0 + j, cx[j], cd[j], xhat, dyg);
+          terms(g[j], cx[j], cd[j], xhat, dyg);
           sa += dyg;
           sb += dyg * xhat;
         }
@@ -332,9 +369,9 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
     }
     const float ma = ln ? norm_div(row_reduce(sa, warps, 0, red), hf) : 0.0f;
     const float mb = norm_div(row_reduce(sb, warps, 0, red), hf);
-    const auto out = [&](int64_t e, float xv, float dzv, float& accg, float& accb) {
+    const auto out = [&](float g, float xv, float dzv, float& accg, float& accb) {
       float xhat, dyg;
-      terms(e, xv, dzv, xhat, dyg);
+      terms(g, xv, dzv, xhat, dyg);
       const float inner = ln ? (dyg - ma) - xhat * mb : dyg - xhat * mb;
       accg += dzv * xhat;
       accb += dzv;
@@ -345,11 +382,12 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
       for (int k = 0; k < NC; ++k) {
         const int64_t e0 = int64_t(lane) * kNormVec + k * step;
         if (e0 < h) {
-          float dx[kNormVec];
+          float dx[kNormVec], g[kNormVec];
+          gammas(e0, g);
 #pragma unroll
           for (int j = 0; j < kNormVec; ++j) {
             const int i = k * kNormVec + j;
-            dx[j] = e0 + j < h ? out(e0 + j, to_float(xs[k].e[j]), to_float(ds[k].e[j]), ag[i], ab[i]) : 0.0f;
+            dx[j] = e0 + j < h ? out(g[j], to_float(xs[k].e[j]), to_float(ds[k].e[j]), ag[i], ab[i]) : 0.0f;
           }
           store_chunk(p.dx, p.x_dtype, r * h + e0, dx, h - e0 < kNormVec ? int(h - e0) : kNormVec, vec);
         }
@@ -359,10 +397,11 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
         float cx[kNormVec], cd[kNormVec];
         load_chunk<InT>(x, e0, h, vec, cx);
         load_chunk<InT>(dz, e0, h, vec, cd);
-        float dx[kNormVec] = {};
+        float dx[kNormVec] = {}, g[kNormVec];
+        gammas(e0, g);
         for (int j = 0; j < kNormVec && e0 + j < h; ++j) {
           float accg = pg[e0 + j], accb = pb ? pb[e0 + j] : 0.0f;
-          dx[j] = out(e0 + j, cx[j], cd[j], accg, accb);
+          dx[j] = out(g[j], cx[j], cd[j], accg, accb);
           pg[e0 + j] = accg;
           if (pb) pb[e0 + j] = accb;
         }
