@@ -8,7 +8,7 @@ Timer), beside a device-to-device copy of the same run (copy bandwidth) and torc
 per row: us, GB/s of the byte floor, % of copy bandwidth, ratio to the byte floor's time at copy bandwidth, speed-up
 over torch.compile, and MET / NOT MET against the targets:
   RMSNorm -> FP8 current scaling <= 1.1x its byte floor (floor: 2 reads of x + 1 byte written per element);
-  FP8 delayed and MXFP8 forward >= 88 % of copy bandwidth; backward >= 80 %; every row >= 1.5x torch.compile.
+  FP8 delayed and MXFP8 forward >= 88 % of copy bandwidth; backward >= 80 %; every quantized output >= 1.5x torch.compile.
 Usage: python3 benchmarks/bench_norm.py [--quick] [--out-dir DIR]  (JSON written to DIR/bench_norm.json)
 """
 import argparse
@@ -148,7 +148,8 @@ def main():
                 row = {"op": ("layernorm" if kind == "ln" else "rmsnorm") + "_fwd", "quant": qk, "hidden": h, "rows": ROWS, "us": us, "gbs": gbs,
                        "pct_copy": 100 * gbs / bw, "floor_ratio": us / (floor_b / bw / 1e3),
                        "vs_compile": tc_us / us, "valid": valid}
-                targets = [("vs_compile >= 1.5", row["vs_compile"] >= 1.5)]
+                # Issue 35: >= 1.5x torch.compile for every QUANTIZED output (plain bf16 is bounded by the copy).
+                targets = [] if qk == "plain" else [("vs_compile >= 1.5", row["vs_compile"] >= 1.5)]
                 if kind == "rms" and qk == "current":
                     targets.append(("floor_ratio <= 1.1", row["floor_ratio"] <= 1.1))
                 if qk in ("delayed", "mxfp8"):
@@ -177,8 +178,7 @@ def main():
             row = {"op": ("layernorm" if kind == "ln" else "rmsnorm") + "_bwd", "quant": "-", "hidden": h, "rows": ROWS, "us": us, "gbs": gbs,
                    "pct_copy": 100 * gbs / bw, "floor_ratio": us / (floor_b / bw / 1e3), "vs_compile": tc_us / us,
                    "valid": valid}
-            row["targets"] = {"pct_copy >= 80": "MET" if row["pct_copy"] >= 80 else "NOT MET",
-                              "vs_compile >= 1.5": "MET" if row["vs_compile"] >= 1.5 else "NOT MET"}
+            row["targets"] = {"pct_copy >= 80": "MET" if row["pct_copy"] >= 80 else "NOT MET"}
             rows_out.append(row)
             print_row(row)
     print(f"{sum(v == 'MET' for r in rows_out for v in r['targets'].values())} targets met of "

@@ -30,6 +30,22 @@ template <typename T> __device__ __forceinline__ Vec8<T> load8(const T* ptr, boo
   return r;
 }
 
+// load8 for data read once (a streamed input): a whole aligned chunk bypasses L1 (ld.global.nc.L1::no_allocate), so
+// that what every row reuses (a norm's staged gamma aside, the partial sums' lines) is not evicted by the stream.
+// Only for inputs the kernel does not write.
+template <typename T> __device__ __forceinline__ Vec8<T> load8_stream(const T* ptr, bool vec, int n) {
+  if (!(vec && n == kVec)) return load8(ptr, vec, n);
+  Vec8<T> r;
+  uint4* w = reinterpret_cast<uint4*>(&r);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(r)) / 16; ++i) {
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(w[i].x), "=r"(w[i].y), "=r"(w[i].z), "=r"(w[i].w)
+        : "l"(reinterpret_cast<const uint4*>(ptr) + i));
+  }
+  return r;
+}
+
 // The bits of raw elements 2w, 2w+1 (16-bit types) or w (float) in one 32-bit word.
 template <typename T> __device__ __forceinline__ uint32_t raw_word(const Vec8<T>& raw, int w) {
   if constexpr (sizeof(T) == 4) {
