@@ -82,31 +82,33 @@ def _dbias_dactivation(op: str, code: int, grad, x, quantizer):
     return outs[0], quantizer._wrap(outs[1:], dtype)
 
 
+def _named(fn, name: str, doc: str):
+    """fn as the public op `name` (its __name__, __qualname__ and __doc__)."""
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
+
+
 def _make_forward(name: str, code: int):
     def fn(input, quantizer):
         return _activation(name, code, input, quantizer)
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"{name}(input, quantizer): activation code {code} (SPEC §3.2), quantized when a quantizer is given."
-    return fn
+    return _named(fn, name, f"{name}(input, quantizer): activation code {code} (SPEC §3.2), quantized when a "
+                            "quantizer is given.")
 
 
 def _make_backward(name: str, code: int):
     def fn(grad, fwd_input, quantizer):
         return _dactivation(name, code, grad, fwd_input, quantizer)
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"{name}(grad, fwd_input, quantizer): derivative of activation code {code} times grad."
-    return fn
+    return _named(fn, name, f"{name}(grad, fwd_input, quantizer): derivative of activation code {code} times grad.")
 
 
 def _make_dbias(name: str, code: int):
     def fn(grad, fwd_input, quantizer):
         return _dbias_dactivation(name, code, grad, fwd_input, quantizer)
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"{name}(grad, fwd_input, quantizer) -> (grad_bias, grad_input)."
-    return fn
+    return _named(fn, name, f"{name}(grad, fwd_input, quantizer) -> (grad_bias, grad_input).")
 
 
 # The wrappers of every row of the activation table (_activation_table.py); those of a row with parameters are

@@ -105,37 +105,28 @@ void run(const te::ops::ExecCtx& ctx, const Call& c, const Buf* dz, const Buf& x
   bind_piece(plan, te::ops::kAmaxRow, q.amax, io);
   bind_piece(plan, te::ops::kAmaxCol, q.col_amax, io);
   if (dbias != nullptr) bind_piece(plan, te::ops::kGradBias, *dbias, io);
-  io.workspace = workspace->untyped_data();
-  io.workspace_bytes = int64_t(workspace->size_bytes());
+  bind_workspace(io, workspace);
   te::ops::run_act(plan, io, ctx);
 }
 
-// Bindings: arguments, the six quantized results, [dbias], workspace, then attributes. A binding builder cannot be
-// held in a variable (its move constructor is private), so each chain is one expression.
-#define TE_ARG .template Arg<Buf>()
-#define TE_RET .template Ret<Buf>()
-#define TE_QUANT_RESULTS TE_RET TE_RET TE_RET TE_RET TE_RET TE_RET
-template <class B> auto act_lu_binding(B b) {
-  return std::move(b) TE_ARG TE_ARG TE_ARG TE_ARG TE_QUANT_RESULTS TE_RET
+// Bindings: arguments, the six quantized results, [dbias], workspace, then attributes.
+constexpr int kQuantResults = 6;
+// The attributes the forward and the backward share.
+template <class B> auto act_attrs(B&& b) {
+  return std::move(b)
       .template Attr<int64_t>("act")
       .template Attr<QuantizerAttrs>("quantizer")
       .template Attr<ActParams>("act_params");
 }
+template <class B> auto act_lu_binding(B b) { return act_attrs(bind_buffers<4, kQuantResults + 1>(std::move(b))); }
 template <class B> auto dact_lu_binding(B b) {
-  return std::move(b) TE_ARG TE_ARG TE_ARG TE_ARG TE_ARG TE_QUANT_RESULTS TE_RET TE_RET
-      .template Attr<int64_t>("act")
-      .template Attr<QuantizerAttrs>("quantizer")
-      .template Attr<ActParams>("act_params")
-      .template Attr<bool>("is_dbias");
+  return act_attrs(bind_buffers<5, kQuantResults + 2>(std::move(b))).template Attr<bool>("is_dbias");
 }
 template <class B> auto quantize_binding(B b) {
-  return std::move(b) TE_ARG TE_ARG TE_ARG TE_ARG TE_QUANT_RESULTS TE_RET TE_RET
+  return bind_buffers<4, kQuantResults + 2>(std::move(b))
       .template Attr<QuantizerAttrs>("quantizer")
       .template Attr<bool>("is_dbias");
 }
-#undef TE_QUANT_RESULTS
-#undef TE_RET
-#undef TE_ARG
 
 ffi::Error act_lu(const te::ops::ExecCtx& ctx, Buf x, Buf scale, Buf /*amax: aliased*/, Buf rng, Ret row_data,
                   Ret col_data, Ret row_scale_inv, Ret col_scale_inv, Ret amax, Ret col_amax, Ret workspace,

@@ -32,6 +32,26 @@ te::ops::ExecCtx cpu_ctx();
 te::ops::ExecCtx cuda_ctx(cudaStream_t stream);
 #endif
 
+// Points an op's IO struct (its `workspace` and `workspace_bytes`) at XLA's workspace result.
+template <typename IO> void bind_workspace(IO& io, ffi::Result<ffi::AnyBuffer> workspace) {
+  io.workspace = workspace->untyped_data();
+  io.workspace_bytes = int64_t(workspace->size_bytes());
+}
+
+// A handler's binding is one expression over a builder (a builder cannot be held in a variable: its move
+// constructor is private). bind_buffers<NArgs, NRets> appends NArgs untyped buffer arguments, then NRets untyped
+// buffer results (at least one: every handler has its workspace result).
+template <int NArgs, int NRets, typename B> auto bind_buffers(B&& b) {
+  static_assert(NArgs >= 0 && NRets >= 1, "a binding has no negative count and at least one result");
+  if constexpr (NArgs > 0) {
+    return bind_buffers<NArgs - 1, NRets>(std::move(b).template Arg<ffi::AnyBuffer>());
+  } else if constexpr (NRets > 1) {
+    return bind_buffers<0, NRets - 1>(std::move(b).template Ret<ffi::AnyBuffer>());
+  } else {
+    return std::move(b).template Ret<ffi::AnyBuffer>();
+  }
+}
+
 // Runs `body`, turning the core's typed errors into XLA FFI errors (INVALID_ARGUMENT for a caller's mistake,
 // UNIMPLEMENTED for a combination not provided, INTERNAL for a failed CUDA call), so no C++ exception crosses
 // XLA's C boundary.

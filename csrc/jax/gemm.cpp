@@ -99,8 +99,7 @@ ffi::Error gemm(const te::ops::ExecCtx& ctx, Buf lhs, Buf lhs_scale_inv, Buf rhs
     io.bias_grad = bias_grad->untyped_data();
     io.pre_gelu_out = pre_gelu_out->untyped_data();
     io.gelu_in = gelu_in.untyped_data();
-    io.workspace = workspace->untyped_data();
-    io.workspace_bytes = int64_t(workspace->size_bytes());
+    bind_workspace(io, workspace);
     te::ops::run_gemm(plan, io, ctx);
   });
 }
@@ -111,10 +110,8 @@ ffi::Error gemm_setup() {
 }
 #endif
 
-#define TE_ARG .template Arg<Buf>()
-#define TE_RET .template Ret<Buf>()
 template <class B> auto gemm_binding(B b) {
-  return std::move(b) TE_ARG TE_ARG TE_ARG TE_ARG TE_ARG TE_ARG TE_RET TE_RET TE_RET TE_RET
+  return bind_buffers<6, 4>(std::move(b))
       .template Attr<bool>("lhs_transposed")
       .template Attr<bool>("rhs_transposed")
       .template Attr<int64_t>("lhs_scaling")
@@ -125,8 +122,6 @@ template <class B> auto gemm_binding(B b) {
       .template Attr<bool>("use_split_accumulator")
       .template Attr<bool>("allow_tf32");
 }
-#undef TE_RET
-#undef TE_ARG
 
 }  // namespace
 }  // namespace te_jax

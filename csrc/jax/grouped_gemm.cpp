@@ -57,21 +57,17 @@ ffi::Error grouped_gemm(const te::ops::ExecCtx& ctx, Buf lhs, Buf rhs, Buf group
     io.lhs_scale_inv = static_cast<const float*>(lhs_scale_inv.untyped_data());
     io.rhs_scale_inv = static_cast<const float*>(rhs_scale_inv.untyped_data());
     io.d = out->untyped_data();
-    io.workspace = workspace->untyped_data();
-    io.workspace_bytes = int64_t(workspace->size_bytes());
+    bind_workspace(io, workspace);
     te::ops::run_grouped_gemm(plan, io, ctx);
   });
 }
 
-#define TE_ARG .template Arg<Buf>()
-#define TE_RET .template Ret<Buf>()
 template <class B> auto grouped_gemm_binding(B b) {
-  return std::move(b) TE_ARG TE_ARG TE_ARG TE_ARG TE_ARG TE_RET TE_RET.template Attr<bool>("rhs_kn")
+  return bind_buffers<5, 2>(std::move(b))
+      .template Attr<bool>("rhs_kn")
       .template Attr<bool>("use_split_accumulator")
       .template Attr<bool>("wgrad");
 }
-#undef TE_RET
-#undef TE_ARG
 
 }  // namespace
 }  // namespace te_jax

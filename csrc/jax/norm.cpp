@@ -30,18 +30,32 @@ te::NormKind norm_kind(int64_t code) {
   return te::NormKind(code);
 }
 
+namespace {
+
+// The fields a forward and a backward request share: the kind, the op's name for messages ("layernorm_<dir>",
+// "rmsnorm_<dir>"), x, gamma and zero_centered_gamma.
+template <typename Request>
+Request norm_request(int64_t norm_type, const char* ln_op, const char* rms_op, bool zero_centered_gamma,
+                     const te::ops::TensorView& x, const te::ops::TensorView& gamma) {
+  Request r;
+  r.kind = norm_kind(norm_type);
+  r.op = r.kind == te::NormKind::kLayerNorm ? ln_op : rms_op;
+  r.x = x;
+  r.gamma = gamma;
+  r.zero_centered_gamma = zero_centered_gamma;
+  return r;
+}
+
+}  // namespace
+
 te::ops::NormFwdRequest norm_fwd_request(int64_t norm_type, bool zero_centered_gamma, double epsilon, int64_t otype,
                                          const te::ops::TensorView& x, const te::ops::TensorView& gamma,
                                          bool has_beta, const te::ops::TensorView& beta) {
-  te::ops::NormFwdRequest r;
-  r.kind = norm_kind(norm_type);
-  r.op = r.kind == te::NormKind::kLayerNorm ? "layernorm_fwd" : "rmsnorm_fwd";
-  r.x = x;
-  r.gamma = gamma;
+  auto r = norm_request<te::ops::NormFwdRequest>(norm_type, "layernorm_fwd", "rmsnorm_fwd", zero_centered_gamma, x,
+                                                 gamma);
   r.has_beta = has_beta;
   if (has_beta) r.beta = beta;
   r.eps = epsilon;
-  r.zero_centered_gamma = zero_centered_gamma;
   r.otype = te::DType(otype);
   return r;
 }
@@ -49,16 +63,12 @@ te::ops::NormFwdRequest norm_fwd_request(int64_t norm_type, bool zero_centered_g
 te::ops::NormBwdRequest norm_bwd_request(int64_t norm_type, bool zero_centered_gamma, const te::ops::TensorView& dz,
                                          const te::ops::TensorView& x, bool has_mu, const te::ops::TensorView& mu,
                                          const te::ops::TensorView& rsigma, const te::ops::TensorView& gamma) {
-  te::ops::NormBwdRequest r;
-  r.kind = norm_kind(norm_type);
-  r.op = r.kind == te::NormKind::kLayerNorm ? "layernorm_bwd" : "rmsnorm_bwd";
+  auto r = norm_request<te::ops::NormBwdRequest>(norm_type, "layernorm_bwd", "rmsnorm_bwd", zero_centered_gamma, x,
+                                                 gamma);
   r.dz = dz;
-  r.x = x;
   r.has_mu = has_mu;
   if (has_mu) r.mu = mu;
   r.rsigma = rsigma;
-  r.gamma = gamma;
-  r.zero_centered_gamma = zero_centered_gamma;
   return r;
 }
 
@@ -119,8 +129,7 @@ ffi::Error norm_fwd(const te::ops::ExecCtx& ctx, Buf x, Buf gamma, Buf beta, Buf
     for (const auto& [p, ret] : pieces) io.out[p] = bound(r.op, plan.pieces[p], te::ops::piece_name(p), *ret);
     io.mu = static_cast<float*>(bound(r.op, plan.mu, "mu", mu));
     io.rsigma = static_cast<float*>(bound(r.op, plan.rsigma, "rsigma", rsigma));
-    io.workspace = workspace->untyped_data();
-    io.workspace_bytes = int64_t(workspace->size_bytes());
+    bind_workspace(io, workspace);
     te::ops::run_norm_fwd(plan, io, ctx);
   });
 }
@@ -144,31 +153,22 @@ ffi::Error norm_bwd(const te::ops::ExecCtx& ctx, Buf dz, Buf x, Buf mu, Buf rsig
     io.dx = bound(r.op, plan.dx, "dx", dx);
     io.dgamma = bound(r.op, plan.dgamma, "dgamma", dgamma);
     io.dbeta = bound(r.op, plan.dbeta, "dbeta", dbeta);
-    io.workspace = workspace->untyped_data();
-    io.workspace_bytes = int64_t(workspace->size_bytes());
+    bind_workspace(io, workspace);
     te::ops::run_norm_bwd(plan, io, ctx);
   });
 }
 
-// Bindings: arguments, results, then attributes (one expression each: a binding builder cannot be held).
-#define TE_ARG .template Arg<Buf>()
-#define TE_RET .template Ret<Buf>()
+// Bindings: arguments, results, then attributes, the two both directions take first.
+template <class B> auto norm_attrs(B&& b) {
+  return std::move(b).template Attr<int64_t>("norm_type").template Attr<bool>("zero_centered_gamma");
+}
 template <class B> auto norm_fwd_binding(B b) {
-  return std::move(b) TE_ARG TE_ARG TE_ARG TE_ARG TE_ARG TE_ARG TE_RET TE_RET TE_RET TE_RET TE_RET TE_RET TE_RET
-      TE_RET TE_RET
-      .template Attr<int64_t>("norm_type")
-      .template Attr<bool>("zero_centered_gamma")
+  return norm_attrs(bind_buffers<6, 9>(std::move(b)))
       .template Attr<double>("epsilon")
       .template Attr<int64_t>("otype")
       .template Attr<QuantizerAttrs>("quantizer");
 }
-template <class B> auto norm_bwd_binding(B b) {
-  return std::move(b) TE_ARG TE_ARG TE_ARG TE_ARG TE_ARG TE_RET TE_RET TE_RET TE_RET
-      .template Attr<int64_t>("norm_type")
-      .template Attr<bool>("zero_centered_gamma");
-}
-#undef TE_RET
-#undef TE_ARG
+template <class B> auto norm_bwd_binding(B b) { return norm_attrs(bind_buffers<5, 4>(std::move(b))); }
 
 }  // namespace
 }  // namespace te_jax

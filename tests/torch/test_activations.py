@@ -7,10 +7,14 @@ import pytest
 import torch
 
 from tests import ref
-from tests.torch.helpers import DTYPE_PARAMS, DTYPES, call_act, call_dact, tex_module, uniform
+from tests.torch.helpers import DTYPES, DTYPE_PARAMS, call_act, call_dact, parametrize_grid, tex_module, uniform
 
 SHAPES = [(37,), (2, 13), (32, 1, 32), (257, 259), (128, 129)]
 SHAPE_IDS = ["37", "2x13", "32x1x32", "257x259", "128x129"]
+# Every activation in every dtype and shape.
+ACT_GRID = parametrize_grid(pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS),
+                            pytest.mark.parametrize("dtype", DTYPE_PARAMS),
+                            pytest.mark.parametrize("name", ref.ACT_NAMES))
 
 
 def in_shape(name, shape):
@@ -25,9 +29,7 @@ def _grad(name, x, dtype, seed=99):
     return uniform(ref.out_shape(name, x.shape), dtype, x.device, g=g)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
-@pytest.mark.parametrize("name", ref.ACT_NAMES)
+@ACT_GRID
 def test_forward_vs_float64(name, dtype, shape):
     x = uniform(in_shape(name, shape), dtype)
     y = call_act(name, x, None)
@@ -40,9 +42,7 @@ def test_forward_vs_float64(name, dtype, shape):
     assert not ref.within_tol(y, ref.act_ref(name, -x), *ref.TOL[dtype])
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
-@pytest.mark.parametrize("name", ref.ACT_NAMES)
+@ACT_GRID
 def test_backward_vs_float64(name, dtype, shape):
     x = uniform(in_shape(name, shape), dtype)
     g = _grad(name, x, dtype)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tests import ref
-from tests.torch.helpers import (DTYPE_PARAMS, FMTS, cpu, current_quantizer, delayed_quantizer, random_bits,
-                                 special_values, tex_module, uniform, wide_random)
+from tests.torch.helpers import (DTYPE_PARAMS, FMTS, column_sum_rtol, cpu, current_quantizer, delayed_quantizer,
+                                 mixed_values, random_bits, replay_on_new_inputs, tex_module, uniform, wide_random)
 
 pytestmark = pytest.mark.cuda
 
@@ -40,14 +40,7 @@ def assert_same(o_cpu, o_cuda, msg):
 
 
 def _inputs(kind, shape, dtype, seed):
-    g = torch.Generator().manual_seed(seed)
-    if kind == "bits":
-        return random_bits(shape, dtype, g=g)
-    x = uniform(shape, dtype, g=g).reshape(-1)
-    sv = special_values(dtype)
-    x[: sv.numel()] = sv
-    x = x[torch.randperm(x.numel(), generator=g)]
-    return x.reshape(shape)
+    return mixed_values(shape, dtype, seed, kind == "bits")
 
 
 # Gated forward ops to plain outputs whose half rows hold at least 64 chunks of 8 take a 2-D grid of their own
@@ -76,6 +69,23 @@ def test_gated_rows_kernel_strides_past_grid_rows():
         assert_same(tex_module().swiglu(xs, None), y[lo:lo + 6], f"rows {lo}..{lo + 5}")
 
 
+def _fwd_bwd_parity(name, k, x, g, params, msg):
+    """The activation `name` and its backward, with a fresh quantizer of kind k each, on the CPU and on CUDA: asserts
+    both outputs hold the same bytes on the two devices and returns each device's (forward, backward) amax tensors
+    (None for a quantizer without one)."""
+    outs, amaxes = {}, {}
+    for dev in ["cpu", "cuda"]:
+        q, a = mkq(k, dev)
+        y = getattr(tex_module(), name)(x.to(dev), q, **params)
+        q2, a2 = mkq(k, dev)
+        dx = getattr(tex_module(), ref.DACT_NAMES[name])(g.to(dev), x.to(dev), q2, **params)
+        outs[dev] = (y, dx)
+        amaxes[dev] = (a, a2)
+    assert_same(outs["cpu"][0], outs["cuda"][0], msg + " fwd")
+    assert_same(outs["cpu"][1], outs["cuda"][1], msg + " bwd")
+    return amaxes
+
+
 @pytest.mark.parametrize("inp", ["uniform", "bits"])
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
 @pytest.mark.parametrize("name", ref.ACT_NAMES)
@@ -88,18 +98,8 @@ def test_parity_activations(name, dtype, inp):
         params_list.append(dict(limit=3.0, alpha=1.25, glu_linear_offset=0.0))
     for params in params_list:
         for k in QKINDS:
-            outs = {}
-            amaxes = {}
-            for dev in ["cpu", "cuda"]:
-                q, a = mkq(k, dev)
-                y = getattr(tex_module(), name)(x.to(dev), q, **params)
-                q2, a2 = mkq(k, dev)
-                dx = getattr(tex_module(), ref.DACT_NAMES[name])(g.to(dev), x.to(dev), q2, **params)
-                outs[dev] = (y, dx)
-                amaxes[dev] = (a, a2)
             msg = f"{name} {dtype} {inp} {k} {params}"
-            assert_same(outs["cpu"][0], outs["cuda"][0], msg + " fwd")
-            assert_same(outs["cpu"][1], outs["cuda"][1], msg + " bwd")
+            amaxes = _fwd_bwd_parity(name, k, x, g, params, msg)
             for ac, ag in zip(amaxes["cpu"], amaxes["cuda"]):
                 if ac is not None:
                     assert ref.bits_equal(ac, cpu(ag)), msg + " amax"
@@ -123,7 +123,7 @@ def test_parity_dbias(name, dtype, inp):
         if a_c is not None:
             assert ref.bits_equal(a_c, cpu(a_g))
         if inp == "uniform":   # sums: tolerance-compared (summation order is free)
-            rtol = 1.3e-6 * 96 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
+            rtol = column_sum_rtol(96, dtype)
             assert ref.within_tol(cpu(gb_g), gb_c, rtol, 1e-4)
 
 
@@ -172,7 +172,7 @@ def test_parity_cast_helpers(dtype):
     gb_g = tex.bgrad_quantize(xs.cuda(), delayed_quantizer(2.0, "e4m3", "cuda")[0])[0]
     assert_same(qt_c, qt_g, "bgrad_quantize")
     assert ref.bits_equal(am_c, cpu(am_g))
-    rtol = 1.3e-6 * 257 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
+    rtol = column_sum_rtol(257, dtype)
     assert ref.within_tol(cpu(gb_g), gb_c, rtol, 1e-4)
     t_c = tex.fp8_transpose(qt_c._data, tex.DType.kFloat8E4M3)
     t_g = tex.fp8_transpose(qt_g._data, tex.DType.kFloat8E4M3)
@@ -222,12 +222,7 @@ def test_cuda_graph_gelu_fp8(kind, fmt):
     torch.cuda.synchronize()
     if a_g is not None:
         assert float(a_g) == 0.0, "capture must not run the kernels"
-    for step in range(3):
-        x_new = uniform((256, 384), dtype, dev, lo=-3.0 * (step + 1), hi=3.0 * (step + 1),
-                        g=torch.Generator().manual_seed(100 + step))
-        x_static.copy_(x_new)
-        graph.replay()
-        torch.cuda.synchronize()
+    for step, x_new in replay_on_new_inputs(graph, x_static):
         if step == 0:
             q_e, _, a_e = make()
         y_e = tex.gelu(x_new, q_e)
@@ -410,15 +405,7 @@ def _table_parity(name, k, shape, params=None):
     params = params or {}
     x = _every_bf16(shape, 11)
     g = uniform(ref.out_shape(name, x.shape), torch.bfloat16, g=torch.Generator().manual_seed(12))
-    outs = {}
-    for dev in ["cpu", "cuda"]:
-        q, _ = mkq(k, dev)
-        y = getattr(tex_module(), name)(x.to(dev), q, **params)
-        q2, _ = mkq(k, dev)
-        dx = getattr(tex_module(), ref.DACT_NAMES[name])(g.to(dev), x.to(dev), q2, **params)
-        outs[dev] = (y, dx)
-    assert_same(outs["cpu"][0], outs["cuda"][0], f"{name} {k} fwd")
-    assert_same(outs["cpu"][1], outs["cuda"][1], f"{name} {k} bwd")
+    _fwd_bwd_parity(name, k, x, g, params, f"{name} {k}")
 
 
 @pytest.mark.parametrize("k", [None, ("delayed", "e4m3", 3.5), ("current", "e5m2", False)])

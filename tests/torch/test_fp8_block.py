@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from tests import ref
-from tests.torch.helpers import DTYPE_PARAMS, FMTS, capture_graph, cpu, fp8_dtype, tex_module, uniform, wide_random
+from tests.torch.helpers import (DTYPE_PARAMS, FMTS, capture_graph, check_block_tensor_api, check_grad_bias,
+                                 column_sum_rtol, cpu, dbias_inputs, fp8_dtype, mixed_values, opcheck_inputs,
+                                 parametrize_grid, replay_on_new_inputs, run_opcheck, tex_module, uniform, wide_random)
 
 BLOCK_DIMS = [pytest.param(1, id="1x128"), pytest.param(2, id="128x128")]
 SMALL_SHAPES = [(128, 128), (303, 300), (7, 5, 3), (37,), (), (0, 5), (5, 0), (2, 0, 3)]
@@ -20,6 +22,10 @@ SMALL_IDS = ["128x128", "303x300", "7x5x3", "37", "0d", "0x5", "5x0", "2x0x3"]
 SCALE_OPTS = [(True, 0.0), (False, 0.0), (True, 1e-6), (False, 1e-6)]
 USAGES = [(True, False), (False, True), (True, True)]
 USAGE_IDS = ["row", "col", "both"]
+# Every activation in every dtype with each block shape.
+ACT_GRID = parametrize_grid(pytest.mark.parametrize("block_dim", BLOCK_DIMS),
+                            pytest.mark.parametrize("dtype", DTYPE_PARAMS),
+                            pytest.mark.parametrize("name", ref.ACT_NAMES))
 
 
 def fbq(fmt="e4m3", block_dim=2, pow2=True, eps=0.0, rowwise=True, columnwise=True):
@@ -276,9 +282,7 @@ def _check_unfused(tex, qt, plain, q, fmt, block_dim, dtype, msg, rowwise=True, 
     check_fb(qt, r, plain.shape, dtype, fmt, block_dim, msg, wrong=w, rowwise=rowwise, columnwise=columnwise)
 
 
-@pytest.mark.parametrize("block_dim", BLOCK_DIMS)
-@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
-@pytest.mark.parametrize("name", ref.ACT_NAMES)
+@ACT_GRID
 def test_activation_forward(device, name, dtype, block_dim):
     tex = tex_module()
     fmt = "e4m3" if block_dim == 2 else "e5m2"
@@ -293,9 +297,7 @@ def test_activation_forward(device, name, dtype, block_dim):
         assert ref.within_tol(cpu(qt.dequantize(torch.float32)), v64, *ref.FP8_TOL[fmt]), f"{name} vs float64"
 
 
-@pytest.mark.parametrize("block_dim", BLOCK_DIMS)
-@pytest.mark.parametrize("dtype", DTYPE_PARAMS)
-@pytest.mark.parametrize("name", ref.ACT_NAMES)
+@ACT_GRID
 def test_activation_backward(device, name, dtype, block_dim):
     tex = tex_module()
     fmt = "e5m2" if block_dim == 2 else "e4m3"
@@ -315,9 +317,7 @@ def test_activation_backward(device, name, dtype, block_dim):
 @pytest.mark.parametrize("name", sorted(ref.DBIAS_NAMES))
 def test_dbias(device, name, dtype, block_dim):
     tex = tex_module()
-    base = ref.DBIAS_NAMES[name]
-    x = _act_input(base, dtype, rows=201).to(device)
-    g = uniform(x.shape, dtype, g=torch.Generator().manual_seed(9)).to(device)
+    base, x, g = dbias_inputs(name, dtype, device, _act_input, 201)
     gb_plain, plain = getattr(tex, name)(g, x, None)
     for fmt in FMTS:
         for usage in USAGES:
@@ -326,9 +326,7 @@ def test_dbias(device, name, dtype, block_dim):
             _check_unfused(tex, qt, cpu(plain), q, fmt, block_dim, dtype, f"{name} {dtype} {fmt} {usage}", *usage)
             assert gb.dtype == dtype and tuple(gb.shape) == (260,)
             assert torch.equal(cpu(gb), cpu(gb_plain)), "dbias comes from the plain path"
-    gb64, _ = ref.dbias_ref(base, cpu(g), cpu(x))
-    rtol = 1.3e-6 * 201 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
-    assert ref.within_tol(cpu(gb), gb64.to(dtype), rtol, 1e-4), f"{name} grad_bias"
+    check_grad_bias(gb, base, g, x, f"{name} grad_bias")
 
 
 @pytest.mark.parametrize("block_dim", BLOCK_DIMS)
@@ -339,7 +337,7 @@ def test_bgrad_quantize(device, dtype, block_dim):
     q = fbq("e5m2", block_dim)
     gb, qt = tex.bgrad_quantize(x, q)
     _check_unfused(tex, qt, cpu(x), q, "e5m2", block_dim, dtype, "bgrad_quantize")
-    rtol = 1.3e-6 * 177 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
+    rtol = column_sum_rtol(177, dtype)
     assert gb.dtype == dtype and ref.within_tol(cpu(gb), cpu(x).double().sum(0).to(dtype), rtol, 1e-4)
     assert not ref.within_tol(-cpu(gb), cpu(x).double().sum(0).to(dtype), rtol, 1e-4)
 
@@ -408,22 +406,10 @@ def test_tensor_api(device, block_dim):
     assert qt.rowwise_scale_inv.dtype == torch.float32
     assert qt.size() == torch.Size((4, 70, 260)) and qt.numel() == 4 * 70 * 260 and qt.device.type == device
     assert tuple(qt._columnwise_data.shape) == (260, 4, 70)
-    v = qt.view(280, 260)
-    assert tuple(v.shape) == (280, 260) and v._rowwise_data.data_ptr() == qt._rowwise_data.data_ptr()
+    v, c, h = check_block_tensor_api(qt, r)
     assert tuple(v._columnwise_data.shape) == (260, 280)
-    assert ref.bits_equal(cpu(v.dequantize()), cpu(qt.dequantize()).reshape(280, 260))
-    assert tuple(qt.reshape(2, 140, 260).shape) == (2, 140, 260)
     assert tuple(qt.reshape(2, 140, 260)._columnwise_data.shape) == (260, 2, 140)
-    with pytest.raises(ValueError, match="leading dims"):
-        qt.view(4, 70, 2, 130)
-    c = qt.clone()
-    assert c._rowwise_data.data_ptr() != qt._rowwise_data.data_ptr()
-    assert torch.equal(cpu(c._columnwise_scale_inv), r.col_scale)
-    h = qt.to("cpu")
-    assert h.device.type == "cpu" and torch.equal(h._rowwise_data.reshape(280, 260), r.row)
     assert h._is_2D_scaled == (block_dim == 2)
-    c.update_usage(columnwise_usage=False)
-    assert c._columnwise_data is None and c._columnwise_scale_inv is None
     with pytest.raises(RuntimeError, match="no data"):
         c.update_usage(rowwise_usage=False)
     if block_dim == 1:
@@ -532,12 +518,7 @@ def _fb_spec(fmt=7, rowwise=True, columnwise=True, block_dim=2, pow2=True, eps=0
 
 
 def _opcheck_cases(device):
-    bf16 = torch.bfloat16
-    x = uniform((140, 260), torch.float32, device)
-    xb = uniform((140, 260), bf16, device)
-    gu = uniform((140, 260), torch.float32, device, g=torch.Generator().manual_seed(2))
-    gg = uniform((140, 130), bf16, device, g=torch.Generator().manual_seed(3))
-    u8 = lambda *s: torch.zeros(s, dtype=torch.uint8, device=device)  # noqa: E731
+    x, xb, gu, gg, u8 = opcheck_inputs(device, 140, 260)
     f32 = lambda *s: torch.zeros(s, dtype=torch.float32, device=device)  # noqa: E731
     return {
         "act_quantize-gelu-2d": ("act_quantize", (x, 0, 7.0, 1.702, 1.0) + _fb_spec()),
@@ -560,9 +541,7 @@ def _opcheck_cases(device):
 
 @pytest.mark.parametrize("case", list(_opcheck_cases("cpu")))
 def test_opcheck(device, case):
-    tex_module()
-    name, args = _opcheck_cases(device)[case]
-    torch.library.opcheck(getattr(torch.ops.te, name).default, args)
+    run_opcheck(_opcheck_cases(device)[case])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -578,19 +557,6 @@ def assert_fb_same(a, b, msg):
             assert tuple(x.shape) == tuple(y.shape), f"{msg} {k}"
             ref.assert_bytes_equal(cpu(y).reshape(-1).view(torch.uint8), x.reshape(-1).view(torch.uint8),
                                    f"{msg} {k}")
-
-
-def _mixed(shape, dtype, seed, bits=False):
-    """Uniform [-3, 3] with the dtype's special values scattered in, or uniformly random bit patterns."""
-    from tests.torch.helpers import random_bits, special_values
-    g = torch.Generator().manual_seed(seed)
-    if bits:
-        return random_bits(shape, dtype, g=g)
-    x = uniform(shape, dtype, g=g).reshape(-1)
-    sv = special_values(dtype)
-    n = min(sv.numel(), x.numel())
-    x[:n] = sv[:n]
-    return x[torch.randperm(x.numel(), generator=g)].reshape(shape)
 
 
 # (136, 264) and (8, 24): rows and cols multiples of 8, so the pipelined CUDA kernel, with ragged tiles.
@@ -609,7 +575,7 @@ def test_cuda_parity_quantize(dtype, block_dim):
     for shape in CUDA_SHAPES + CUDA_BIG_SHAPES:
         big = shape in CUDA_BIG_SHAPES
         for inp in ("wide", "mixed", "bits"):
-            x = wide_random(shape, dtype) if inp == "wide" else _mixed(shape, dtype, 3, inp == "bits")
+            x = wide_random(shape, dtype) if inp == "wide" else mixed_values(shape, dtype, 3, inp == "bits")
             xc = x.cuda()
             for fmt in FMTS:
                 for pow2, eps in (SCALE_OPTS[1:3] if big else SCALE_OPTS):
@@ -637,8 +603,8 @@ def test_cuda_matches_reference_large(block_dim):
 def test_cuda_parity_activations(name, dtype, block_dim):
     tex = tex_module()
     for rows in (256, 45):
-        x = _mixed((rows, 264), dtype, 1)
-        g = _mixed(ref.out_shape(name, x.shape), dtype, 2)
+        x = mixed_values((rows, 264), dtype, 1)
+        g = mixed_values(ref.out_shape(name, x.shape), dtype, 2)
         for fmt in FMTS:
             q = fbq(fmt, block_dim, pow2=fmt == "e4m3")
             a = (getattr(tex, name)(x, q), getattr(tex, ref.DACT_NAMES[name])(g, x, q))
@@ -703,12 +669,7 @@ def test_cuda_graph_quantize(block_dim):
     out = tex.quantize(x_static, q)
     graph, y_static = capture_graph(lambda: (tex.quantize(x_static, q, output=out, noop=noop),
                                              tex.gelu(x_static, q))[1])
-    for step in range(3):
-        x_new = uniform((300, 520), torch.bfloat16, "cuda", lo=-3.0 * (step + 1), hi=3.0 * (step + 1),
-                        g=torch.Generator().manual_seed(100 + step))
-        x_static.copy_(x_new)
-        graph.replay()
-        torch.cuda.synchronize()
+    for step, x_new in replay_on_new_inputs(graph, x_static):
         assert_fb_same(tex.quantize(x_new.cpu(), q), out, f"graph quantize step {step}")
         assert_fb_same(tex.gelu(x_new.cpu(), q), y_static, f"graph gelu step {step}")
     noop.fill_(1.0)

@@ -165,6 +165,22 @@ def test_grouped_cuda_misaligned_k(tex):
         tex.grouped_gemm(x, w, torch.tensor([4, 4], dtype=torch.int32, device="cuda"))
 
 
+def replays_match_eager(call, sizes, size_lists, check=None):
+    """Captures call() once in a CUDA graph; then, for each list of group sizes, copies it into `sizes` (the int32
+    tensor the call reads on the device), replays, and asserts the replayed output equals an eager call() bit for
+    bit; check(list, output), when given, then runs on it. Returns the captured output (the last replay's)."""
+    graph, out = capture_graph(call)
+    for new in size_lists:
+        sizes.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        eager = call()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), new
+        if check is not None:
+            check(new, out)
+    return out
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_grouped_cuda_graph_reads_sizes_on_device(tex, fp8):
@@ -182,13 +198,8 @@ def test_grouped_cuda_graph_reads_sizes_on_device(tex, fp8):
         w = torch.stack([t._data for t in wt]).view(torch.float8_e4m3fn)
         kw = dict(x_scale_inv=xt._scale_inv, w_scale_inv=torch.cat([t._scale_inv for t in wt]))
     sizes = torch.tensor([128, 128, 128, 128], dtype=torch.int32, device="cuda")
-    graph, out = capture_graph(lambda: tex.grouped_gemm(x, w, sizes, **kw))
-    for new in ([512, 0, 0, 0], [0, 300, 0, 100], [17, 0, 255, 240]):
-        sizes.copy_(torch.tensor(new, dtype=torch.int32))
-        graph.replay()
-        eager = tex.grouped_gemm(x, w, sizes, **kw)
-        torch.cuda.synchronize()
-        assert torch.equal(out, eager), new
+    out = replays_match_eager(lambda: tex.grouped_gemm(x, w, sizes, **kw), sizes,
+                              ([512, 0, 0, 0], [0, 300, 0, 100], [17, 0, 255, 240]))
     assert torch.count_nonzero(out[17 + 255 + 240:]) == 0
 
 
@@ -253,16 +264,13 @@ def test_grouped_wgrad_cuda_graph(tex):
     m, n, k = 512, 128, 256
     dy, x = rnd((m, n), torch.bfloat16, "cuda", 17), rnd((m, k), torch.bfloat16, "cuda", 18)
     sizes = torch.tensor([128, 128, 128, 128], dtype=torch.int32, device="cuda")
-    graph, out = capture_graph(lambda: tex.grouped_gemm_wgrad(dy, x, sizes))
-    for new in ([512, 0, 0, 0], [0, 300, 0, 100], [17, 0, 255, 240]):
-        sizes.copy_(torch.tensor(new, dtype=torch.int32))
-        graph.replay()
-        eager = tex.grouped_gemm_wgrad(dy, x, sizes)
-        torch.cuda.synchronize()
-        assert torch.equal(out, eager), new
+    def against_reference(new, out):
         r64, base = wgrad_reference(dy, x, new, torch.bfloat16)
         for g in range(4):
             assert_grouped_close(out[g], r64[g], base[g], torch.bfloat16, f"wgrad replay {new} group {g}")
+
+    replays_match_eager(lambda: tex.grouped_gemm_wgrad(dy, x, sizes), sizes,
+                        ([512, 0, 0, 0], [0, 300, 0, 100], [17, 0, 255, 240]), against_reference)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "fp8_block"])
@@ -334,10 +342,5 @@ def test_grouped_fp8_block_cuda_graph(tex):
     xt = tex.quantize(x, block_quantizer("e4m3", 1))
     wt = [tex.quantize(w[g], block_quantizer("e4m3", 2)) for g in range(4)]
     sizes = torch.tensor([96, 96, 96, 96], dtype=torch.int32, device="cuda")
-    graph, out = capture_graph(lambda: tex.grouped_gemm(xt, wt, sizes))
-    for new in ([384, 0, 0, 0], [0, 200, 0, 100], [17, 0, 255, 100]):
-        sizes.copy_(torch.tensor(new, dtype=torch.int32))
-        graph.replay()
-        eager = tex.grouped_gemm(xt, wt, sizes)
-        torch.cuda.synchronize()
-        assert torch.equal(out, eager), new
+    replays_match_eager(lambda: tex.grouped_gemm(xt, wt, sizes), sizes,
+                        ([384, 0, 0, 0], [0, 200, 0, 100], [17, 0, 255, 100]))

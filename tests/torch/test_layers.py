@@ -160,21 +160,27 @@ def test_plain_under_autocast_disabled_and_outside(device):
 
 
 # ---- recipes: accuracy against float64 with the same weights ----------------------------------------------------
+def check_recipe_accuracy(m, x, dy, recipe):
+    """Forward and backward of m under RECIPES[recipe] within OUT_TOL / GRAD_TOL of float64 with the same weights,
+    and the tolerance discriminates (the float64 answer for -x fails it). Returns the recipe's outputs."""
+    got = run_fwd_bwd(m, x, dy, RECIPES[recipe]())
+    want = run_fwd_bwd(m, x, dy, ref=True)
+    assert_close_all(got, want, OUT_TOL, GRAD_TOL)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(got[0].double(), run_fwd_bwd(m, -x, dy, ref=True)[0], **OUT_TOL)
+    return got
+
+
 @pytest.mark.parametrize("recipe", list(RECIPES))
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "nobias"])
 def test_linear_recipe_accuracy(device, recipe, bias):
     torch.manual_seed(2)
     m = tex.Linear(64, 96, bias=bias, params_dtype=torch.bfloat16, device=device)
     x, dy = make_inputs((4, 32, 64), (4, 32, 96), device, torch.bfloat16)
-    got = run_fwd_bwd(m, x, dy, RECIPES[recipe]())
-    want = run_fwd_bwd(m, x, dy, ref=True)
+    got = check_recipe_accuracy(m, x, dy, recipe)
     assert got[0].dtype == torch.bfloat16
-    assert_close_all(got, want, OUT_TOL, GRAD_TOL)
     # Quantized indeed: not the plain bf16 result.
     assert not torch.equal(got[0], run_fwd_bwd(m, x, dy)[0])
-    # The tolerance discriminates: the answer for -x fails.
-    with pytest.raises(AssertionError):
-        torch.testing.assert_close(got[0].double(), run_fwd_bwd(m, -x, dy, ref=True)[0], **OUT_TOL)
 
 
 # Every activation with the main recipes; the format variants with gelu and swiglu.
@@ -187,11 +193,7 @@ def test_mlp_recipe_accuracy(device, recipe, act):
     torch.manual_seed(3)
     m = tex.MLP(64, 128, activation=act, params_dtype=torch.bfloat16, device=device)
     x, dy = make_inputs((2, 64, 64), (2, 64, 64), device, torch.bfloat16)
-    got = run_fwd_bwd(m, x, dy, RECIPES[recipe]())
-    want = run_fwd_bwd(m, x, dy, ref=True)
-    assert_close_all(got, want, OUT_TOL, GRAD_TOL)
-    with pytest.raises(AssertionError):
-        torch.testing.assert_close(got[0].double(), run_fwd_bwd(m, -x, dy, ref=True)[0], **OUT_TOL)
+    check_recipe_accuracy(m, x, dy, recipe)
 
 
 def _deq(t, q, rowwise):

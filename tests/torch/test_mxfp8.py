@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from tests import ref
-from tests.torch.helpers import DTYPE_PARAMS, FMTS, capture_graph, cpu, fp8_dtype, tex_module, uniform, wide_random
+from tests.torch.helpers import (DTYPE_PARAMS, FMTS, capture_graph, check_block_tensor_api, check_grad_bias,
+                                 column_sum_rtol, cpu, dbias_inputs, fp8_dtype, mixed_values, opcheck_inputs,
+                                 replay_on_new_inputs, run_opcheck, tex_module, uniform, wide_random)
 
 SHAPES = [(128, 128), (993, 512), (8, 32, 1024)]
 SHAPE_IDS = ["128x128", "993x512", "8x32x1024"]
@@ -286,19 +288,15 @@ def test_gated_backward_halves_not_block_aligned(device):
 @pytest.mark.parametrize("name", sorted(ref.DBIAS_NAMES))
 def test_dbias(device, name, dtype, fmt):
     tex = tex_module()
-    base = ref.DBIAS_NAMES[name]
-    x = _act_input(base, dtype, rows=101).to(device)
-    g = uniform(x.shape, dtype, g=torch.Generator().manual_seed(9)).to(device)
+    base, x, g = dbias_inputs(name, dtype, device, _act_input, 101)
     for usage in USAGES:
         gb, qt = getattr(tex, name)(g, x, mxq(fmt, *usage))
         plain = cpu(getattr(tex, "d" + base)(g, x, None))
         r = ref.quantize_mxfp8_ref(plain, fmt, *usage)
         check_mx(qt, r, x.shape, dtype, fmt, f"{name} {dtype} {fmt} {usage}", rowwise=usage[0], columnwise=usage[1],
                  wrong=ref.quantize_mxfp8_ref(-plain, fmt, *usage))
-        gb64, _ = ref.dbias_ref(base, cpu(g), cpu(x))
         assert gb.dtype == dtype and tuple(gb.shape) == (128,)
-        rtol = 1.3e-6 * 101 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
-        assert ref.within_tol(cpu(gb), gb64.to(dtype), rtol, 1e-4), f"{name} grad_bias"
+        check_grad_bias(gb, base, g, x, f"{name} grad_bias")
 
 
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
@@ -307,7 +305,7 @@ def test_bgrad_quantize(device, dtype):
     x = uniform((77, 96), dtype).to(device)
     gb, qt = tex.bgrad_quantize(x, mxq("e5m2"))
     check_mx(qt, ref.quantize_mxfp8_ref(cpu(x), "e5m2"), x.shape, dtype, "e5m2", "bgrad_quantize")
-    rtol = 1.3e-6 * 77 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
+    rtol = column_sum_rtol(77, dtype)
     assert ref.within_tol(cpu(gb), cpu(x).double().sum(0).to(dtype), rtol, 1e-4)
 
 
@@ -349,19 +347,7 @@ def test_tensor_api(device):
     if hasattr(torch, "float8_e8m0fnu"):
         assert qt.rowwise_scale_inv.dtype == torch.float8_e8m0fnu
     assert qt.size() == torch.Size((4, 8, 64)) and qt.numel() == 4 * 8 * 64 and qt.device.type == device
-    v = qt.view(32, 64)
-    assert tuple(v.shape) == (32, 64) and v._rowwise_data.data_ptr() == qt._rowwise_data.data_ptr()
-    assert ref.bits_equal(cpu(v.dequantize()), cpu(qt.dequantize()).reshape(32, 64))
-    assert tuple(qt.reshape(2, 16, 64).shape) == (2, 16, 64)
-    with pytest.raises(ValueError, match="leading dims"):
-        qt.view(4, 8, 2, 32)
-    c = qt.clone()
-    assert c._rowwise_data.data_ptr() != qt._rowwise_data.data_ptr()
-    assert torch.equal(cpu(c._columnwise_scale_inv), r.col_scale)
-    h = qt.to("cpu")
-    assert h.device.type == "cpu" and torch.equal(h._rowwise_data.reshape(32, 64), r.row)
-    c.update_usage(columnwise_usage=False)
-    assert c._columnwise_data is None and c._columnwise_scale_inv is None
+    _, c, _ = check_block_tensor_api(qt, r)
     with pytest.raises(RuntimeError, match="cannot be derived"):
         c.update_usage(columnwise_usage=True)
     with pytest.raises(RuntimeError, match="no data"):
@@ -428,12 +414,7 @@ def _mx_spec(fmt=7, rowwise=True, columnwise=True, swizzled=False, noop=None):
 
 
 def _opcheck_cases(device):
-    bf16 = torch.bfloat16
-    x = uniform((40, 64), torch.float32, device)
-    xb = uniform((40, 64), bf16, device)
-    gu = uniform((40, 64), torch.float32, device, g=torch.Generator().manual_seed(2))
-    gg = uniform((40, 32), bf16, device, g=torch.Generator().manual_seed(3))
-    u8 = lambda *s: torch.zeros(s, dtype=torch.uint8, device=device)  # noqa: E731
+    x, xb, gu, gg, u8 = opcheck_inputs(device, 40, 64)
     return {
         "act_quantize-gelu": ("act_quantize", (x, 0, 7.0, 1.702, 1.0) + _mx_spec()),
         "act_quantize-swiglu-swizzled": ("act_quantize", (xb, 4, 7.0, 1.702, 1.0) + _mx_spec(8, swizzled=True)),
@@ -451,26 +432,12 @@ def _opcheck_cases(device):
 
 @pytest.mark.parametrize("case", list(_opcheck_cases("cpu")))
 def test_opcheck(device, case):
-    tex_module()
-    name, args = _opcheck_cases(device)[case]
-    torch.library.opcheck(getattr(torch.ops.te, name).default, args)
+    run_opcheck(_opcheck_cases(device)[case])
 
 
 # ------------------------------------------------------------------------------------------------
 # CUDA: CPU/CUDA byte parity (SPEC §1.1 item 1), CUDA graphs (item 6)
 # ------------------------------------------------------------------------------------------------
-def _mixed_inputs(shape, dtype, seed, bits=False):
-    """Uniform [-3, 3] values with the dtype's special values scattered in, or uniformly random bit patterns."""
-    from tests.torch.helpers import random_bits, special_values
-    g = torch.Generator().manual_seed(seed)
-    if bits:
-        return random_bits(shape, dtype, g=g)
-    x = uniform(shape, dtype, g=g).reshape(-1)
-    sv = special_values(dtype)
-    x[: sv.numel()] = sv
-    return x[torch.randperm(x.numel(), generator=g)].reshape(shape)
-
-
 def assert_mx_same(a, b, msg):
     """Two MXFP8Tensors (CPU, CUDA) hold identical bytes in every piece."""
     assert b._rowwise_data is None or b._rowwise_data.device.type == "cuda"
@@ -488,8 +455,8 @@ def assert_mx_same(a, b, msg):
 def test_cuda_parity_activations(name, dtype, inp):
     tex = tex_module()
     for rows in (96, 45):
-        x = _mixed_inputs((rows, 256), dtype, 1, inp == "bits")
-        g = _mixed_inputs(ref.out_shape(name, x.shape), dtype, 2, inp == "bits")
+        x = mixed_values((rows, 256), dtype, 1, inp == "bits")
+        g = mixed_values(ref.out_shape(name, x.shape), dtype, 2, inp == "bits")
         for fmt in FMTS:
             for usage, swz in (((True, True), False), ((True, False), True), ((False, True), True)):
                 res = {}
@@ -507,8 +474,8 @@ def test_cuda_parity_activations(name, dtype, inp):
 @pytest.mark.parametrize("name", sorted(ref.DBIAS_NAMES) + ["bgrad_quantize"])
 def test_cuda_parity_dbias(name, dtype):
     tex = tex_module()
-    x = _mixed_inputs((101, 192), dtype, 3)
-    g = _mixed_inputs((101, 192), dtype, 4)
+    x = mixed_values((101, 192), dtype, 3)
+    g = mixed_values((101, 192), dtype, 4)
     xs, gs = uniform((101, 192), dtype), uniform((101, 192), dtype, g=torch.Generator().manual_seed(6))
     res, sums = {}, {}
     for dev in ("cpu", "cuda"):
@@ -519,7 +486,7 @@ def test_cuda_parity_dbias(name, dtype):
             res[dev] = getattr(tex, name)(g.to(dev), x.to(dev), mxq("e4m3"))[1]
             sums[dev] = getattr(tex, name)(gs.to(dev), xs.to(dev), mxq("e4m3"))[0]
     assert_mx_same(res["cpu"], res["cuda"], name)
-    rtol = 1.3e-6 * 101 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
+    rtol = column_sum_rtol(101, dtype)
     assert ref.within_tol(cpu(sums["cuda"]), sums["cpu"], rtol, 1e-4)   # sums: order is free (SPEC §1.1)
 
 
@@ -599,12 +566,7 @@ def test_cuda_graph_gelu_mxfp8(swizzled):
     q = mxq("e4m3", swizzled=swizzled)
     x_static = uniform((256, 384), dtype, "cuda")
     graph, y_static = capture_graph(lambda: tex.gelu(x_static, q))
-    for step in range(3):
-        x_new = uniform((256, 384), dtype, "cuda", lo=-3.0 * (step + 1), hi=3.0 * (step + 1),
-                        g=torch.Generator().manual_seed(100 + step))
-        x_static.copy_(x_new)
-        graph.replay()
-        torch.cuda.synchronize()
+    for step, x_new in replay_on_new_inputs(graph, x_static):
         y_e = tex.gelu(x_new, q)
         assert_mx_same(tex.gelu(x_new.cpu(), q), y_static, f"graph step {step} vs cpu")
         for k in ("_rowwise_data", "_rowwise_scale_inv", "_columnwise_data", "_columnwise_scale_inv"):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tests import ref
-from tests.torch.helpers import DTYPE_PARAMS, capture_graph, cpu, tex_module, uniform, wide_random
+from tests.torch.helpers import (DTYPE_PARAMS, capture_graph, check_grad_bias, column_sum_rtol, cpu, dbias_inputs,
+                                 opcheck_inputs, replay_on_new_inputs, run_opcheck, tex_module, uniform, wide_random)
 
 SHAPES = [(128, 128), (256, 272), (304, 304), (1024, 2048)]
 USAGES = [(True, True), (True, False), (False, True)]
@@ -455,9 +456,7 @@ def test_activation_rht_unfused(device, name):
 @pytest.mark.parametrize("name", sorted(ref.DBIAS_NAMES))
 def test_dbias(device, name, dtype):
     tex = tex_module()
-    base = ref.DBIAS_NAMES[name]
-    x = _act_input(base, dtype, rows=112).to(device)
-    g = uniform(x.shape, dtype, g=torch.Generator().manual_seed(9)).to(device)
+    base, x, g = dbias_inputs(name, dtype, device, _act_input, 112)
     for usage in USAGES:
         gb, qt = getattr(tex, name)(g, x, nvq(*usage))
         plain = cpu(getattr(tex, "d" + base)(g, x, None))
@@ -465,11 +464,9 @@ def test_dbias(device, name, dtype):
         check_nv(qt, _fused_ref(plain, unrounded, rowwise=usage[0], columnwise=usage[1]), x.shape, dtype,
                  f"{name} {dtype} {usage}", rowwise=usage[0], columnwise=usage[1],
                  wrong=_fused_ref(-plain, -unrounded, rowwise=usage[0], columnwise=usage[1]))
-        gb64, _ = ref.dbias_ref(base, cpu(g), cpu(x))
         assert gb.dtype == dtype and tuple(gb.shape) == (128,)
-        rtol = 1.3e-6 * 112 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
-        assert ref.within_tol(cpu(gb), gb64.to(dtype), rtol, 1e-4), f"{name} grad_bias"
-        assert not ref.within_tol(-cpu(gb), gb64.to(dtype), rtol, 1e-4)
+        want = check_grad_bias(gb, base, g, x, f"{name} grad_bias")
+        assert not ref.within_tol(-cpu(gb), want, column_sum_rtol(112, dtype), 1e-4)
 
 
 @pytest.mark.parametrize("dtype", DTYPE_PARAMS)
@@ -479,7 +476,7 @@ def test_bgrad_quantize(device, dtype):
     gb, qt = tex.bgrad_quantize(x, nvq())
     check_nv(qt, ref.quantize_nvfp4_ref(cpu(x)), (96, 64), dtype, "bgrad_quantize")
     gb64 = cpu(x).double().sum(0)
-    rtol = 1.3e-6 * 96 ** 0.5 if dtype == torch.float32 else 4 * ref.TOL[dtype][0]
+    rtol = column_sum_rtol(96, dtype)
     assert ref.within_tol(cpu(gb), gb64.to(dtype), rtol, 1e-4)
 
 
@@ -623,12 +620,7 @@ def _nv_spec(rowwise=True, columnwise=True, flags=0, amax=None, noop=None):
 
 
 def _opcheck_cases(device):
-    bf16 = torch.bfloat16
-    x = uniform((48, 64), torch.float32, device)
-    xb = uniform((48, 64), bf16, device)
-    gu = uniform((48, 64), torch.float32, device, g=torch.Generator().manual_seed(2))
-    gg = uniform((48, 32), bf16, device, g=torch.Generator().manual_seed(3))
-    u8 = lambda *s: torch.zeros(s, dtype=torch.uint8, device=device)  # noqa: E731
+    x, xb, gu, gg, u8 = opcheck_inputs(device, 48, 64)
     return {
         "act_quantize-gelu": ("act_quantize", (x, 0, 7.0, 1.702, 1.0) + _nv_spec(), {}),
         "act_quantize-swiglu-2d-swizzled": ("act_quantize", (xb, 4, 7.0, 1.702, 1.0) + _nv_spec(flags=2 | 32), {}),
@@ -648,9 +640,7 @@ def _opcheck_cases(device):
 
 @pytest.mark.parametrize("case", list(_opcheck_cases("cpu")))
 def test_opcheck(device, case):
-    tex_module()
-    name, args, kwargs = _opcheck_cases(device)[case]
-    torch.library.opcheck(getattr(torch.ops.te, name).default, args, kwargs)
+    run_opcheck(_opcheck_cases(device)[case])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -827,12 +817,7 @@ def test_cuda_graph_quantize_nvfp4(cfg):
     noop = torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     graph, _ = capture_graph(lambda: tex.quantize(x_static, q, output=out, noop=noop))
-    for step in range(3):
-        x_new = uniform((256, 384), torch.bfloat16, "cuda", lo=-3.0 * (step + 1), hi=3.0 * (step + 1),
-                        g=torch.Generator().manual_seed(100 + step))
-        x_static.copy_(x_new)
-        graph.replay()
-        torch.cuda.synchronize()
+    for step, x_new in replay_on_new_inputs(graph, x_static):
         assert_nv_same(out, tex.quantize(x_new.cpu(), q), f"graph step {step} vs cpu")
     snap = out.clone()
     x_static.mul_(2)

@@ -314,6 +314,20 @@ class _TwoCopyTensor(QuantizedTensor):
                                f"columnwise copy")
         return columnwise, data
 
+    def _map(self, fn, shape=None, row_fn=None, col_fn=None):
+        """The tensor rebuilt with `fn` applied to every buffer: the data and scales of both copies and the class's
+        tensor _OP_FIELDS (NVFP4's amaxes; its other fields are kept). row_fn / col_fn, where given, replace fn for
+        the rowwise / columnwise data; `shape`, where given, replaces the shape. Absent buffers stay None."""
+        m = lambda f, t: None if t is None else f(t)  # noqa: E731
+        fields = []
+        for name in self._OP_FIELDS:
+            value = getattr(self, name)
+            fields.append(fn(value) if isinstance(value, torch.Tensor) else value)
+        return type(self)._from_op(self._shape if shape is None else shape, self._dtype,
+                                   m(row_fn or fn, self._rowwise_data), m(fn, self._rowwise_scale_inv),
+                                   m(col_fn or fn, self._columnwise_data), m(fn, self._columnwise_scale_inv),
+                                   *fields, self._quantizer)
+
     def clone(self):
         return self._map(lambda t: t.clone())
 

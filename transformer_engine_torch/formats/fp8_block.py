@@ -103,14 +103,6 @@ class Float8BlockwiseQTensor(_TwoCopyTensor):
         s[:si.shape[1], :si.shape[0]] = si.t()
         setattr(self, f"_{name}_scale_inv", s)
 
-    def _map(self, fn, shape=None, row_fn=None, col_fn=None):
-        m = lambda f, t: None if t is None else f(t)  # noqa: E731
-        return Float8BlockwiseQTensor._from_op(self._shape if shape is None else shape, self._dtype,
-                                               m(row_fn or fn, self._rowwise_data), m(fn, self._rowwise_scale_inv),
-                                               m(col_fn or fn, self._columnwise_data),
-                                               m(fn, self._columnwise_scale_inv), self._fp8_dtype, self._is_2D_scaled,
-                                               self._quantizer)
-
     def view(self, *shape):
         """Exact view changing only leading dims (the scales, laid out over the flattened [M, K], are shared)."""
         new_shape = self._view_shape(shape)

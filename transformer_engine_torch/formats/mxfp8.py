@@ -105,18 +105,11 @@ class MXFP8Tensor(_TwoCopyTensor):
         v = data.reshape(m, k).view(to_torch_dtype(self._fp8_dtype)).to(torch.float32)
         return (v * f).to(dtype).reshape(self._shape)
 
-    def _map(self, fn, shape=None, data_fn=None):
-        data_fn = data_fn or fn
-        m = lambda f, t: None if t is None else f(t)  # noqa: E731
-        return MXFP8Tensor._from_op(self._shape if shape is None else shape, self._dtype,
-                                    m(data_fn, self._rowwise_data), m(fn, self._rowwise_scale_inv),
-                                    m(data_fn, self._columnwise_data), m(fn, self._columnwise_scale_inv),
-                                    self._fp8_dtype, self._with_gemm_swizzled_scales, self._quantizer)
-
     def view(self, *shape):
         """Exact view changing only leading dims (the scales, laid out over the flattened [M, K], are shared)."""
         new_shape = self._view_shape(shape)
-        return self._map(lambda t: t, new_shape, lambda t: t.view(new_shape))
+        as_new_shape = lambda t: t.view(new_shape)  # noqa: E731  (both copies keep the tensor's shape)
+        return self._map(lambda t: t, new_shape, as_new_shape, as_new_shape)
 
     reshape = view
 

@@ -179,15 +179,6 @@ class NVFP4Tensor(_TwoCopyTensor):
             v = v.t()
         return v.to(dtype).reshape(self._shape)
 
-    def _map(self, fn, shape=None, row_fn=None):
-        row_fn = row_fn or fn
-        m = lambda f, t: None if t is None else f(t)  # noqa: E731
-        return NVFP4Tensor._from_op(self._shape if shape is None else shape, self._dtype,
-                                    m(row_fn, self._rowwise_data), m(fn, self._rowwise_scale_inv),
-                                    m(fn, self._columnwise_data), m(fn, self._columnwise_scale_inv),
-                                    m(fn, self._amax_rowwise), m(fn, self._amax_columnwise),
-                                    self._with_gemm_swizzled_scales, self._quantizer)
-
     def view(self, *shape):
         """Exact view changing only leading dims (scales and the 2-D columnwise copy are laid out over the
         flattened [M, K] and shared)."""

@@ -26,18 +26,23 @@
 
 namespace te {
 
-struct GroupedGemmArgs {
+// The operands' and the output's memory, as the op layer (ops/grouped_gemm_op.h GroupedGemmIO) receives it from a
+// frontend and the kernels take it: one list, copied as a whole.
+struct GroupedGemmOperands {
   const void* lhs = nullptr;            // [m_total, k]
-  DType lhs_dtype = DType::kBFloat16;
   const void* rhs = nullptr;            // [groups, n, k] or [groups, k, n] (rhs_kn)
+  const int32_t* group_sizes = nullptr; // [groups], on the operands' device
+  const float* lhs_scale_inv = nullptr; // FP8: [1]; block_scaling: [ceil(k/128), roundup(m_total, 4)]
+  const float* rhs_scale_inv = nullptr; // FP8: [groups]; block_scaling: [groups, ceil(n/128), roundup(ceil(k/128), 4)]
+  void* d = nullptr;                    // [m_total, n]
+};
+
+struct GroupedGemmArgs : GroupedGemmOperands {
+  DType lhs_dtype = DType::kBFloat16;
   DType rhs_dtype = DType::kBFloat16;
   bool rhs_kn = false;
   bool wgrad = false;                   // the weight-gradient form above: rhs [m_total, k], d [groups, n, k]
-  const float* lhs_scale_inv = nullptr; // FP8: [1]; block_scaling: [ceil(k/128), roundup(m_total, 4)]
-  const float* rhs_scale_inv = nullptr; // FP8: [groups]; block_scaling: [groups, ceil(n/128), roundup(ceil(k/128), 4)]
   bool block_scaling = false;           // FP8 lhs 1x128 x rhs 128x128 (above) instead of per-tensor scales
-  const int32_t* group_sizes = nullptr; // [groups], on the operands' device
-  void* d = nullptr;                    // [m_total, n]
   DType d_dtype = DType::kBFloat16;
   int64_t m_total = 0, n = 0, k = 0, groups = 0;
   bool fast_accum = false;              // FP8: the tensor cores' reduced-precision accumulation (no promotion)

@@ -142,6 +142,9 @@ template <typename... Ts> std::string msg(const Ts&... parts) {
 }
 inline std::string str(int64_t v) { return std::to_string(v); }
 std::string device_str(const ExecCtx& ctx);  // "cpu", "cuda:0"
+// Raises the one "this build of the core has no CUDA kernels" error (kNotImplemented), after "<op>: " when op is
+// given (TE_ON_DEVICE and the GEMM ops' run paths in a build without CUDA).
+[[noreturn]] void no_cuda(const char* op = nullptr);
 std::string arch_name(const ExecCtx& ctx);   // "cpu", "sm_90"
 
 }  // namespace ops

@@ -565,8 +565,7 @@ void run_gemm(const GemmPlan& pl, const GemmIO& io, const ExecCtx& ctx) {
 #if defined(TE_WITH_CUDA)
     run_cuda(pl, g, io, ctx);
 #else
-    fail(ErrorKind::kNotImplemented, msg(pl.req.op, ": this build of the core has no CUDA kernels; CUDA buffers are "
-                                                    "not supported"));
+    no_cuda(pl.req.op);
 #endif
   });
 }

@@ -192,12 +192,7 @@ const char* grouped_gemm_kernel(const GroupedGemmPlan& pl) {
 
 void run_grouped_gemm(const GroupedGemmPlan& pl, const GroupedGemmIO& io, const ExecCtx& ctx) {
   GroupedGemmArgs a = pl.args;
-  a.lhs = io.lhs;
-  a.rhs = io.rhs;
-  a.group_sizes = io.group_sizes;
-  a.lhs_scale_inv = io.lhs_scale_inv;
-  a.rhs_scale_inv = io.rhs_scale_inv;
-  a.d = io.d;
+  static_cast<GroupedGemmOperands&>(a) = io;
   run_rewrapping_errors([&] {
     if (!ctx.cuda) {
       grouped_gemm_cpu(a, *ctx.parallel_for);
@@ -212,8 +207,7 @@ void run_grouped_gemm(const GroupedGemmPlan& pl, const GroupedGemmIO& io, const 
     a.workspace_bytes = size_t(pl.workspace_bytes - kWorkspaceAlign);
     grouped_gemm_cuda(a, reinterpret_cast<cudaStream_t>(ctx.stream));
 #else
-    fail(ErrorKind::kNotImplemented, msg(pl.req.op, ": this build of the core has no CUDA kernels; CUDA buffers are "
-                                                    "not supported"));
+    no_cuda(pl.req.op);
 #endif
   });
 }

@@ -40,13 +40,8 @@ struct GroupedGemmPlan {
 // plan_outputs: the output is planned (JAX at trace time) rather than checked against r.d.
 GroupedGemmPlan plan_grouped_gemm(const GroupedGemmRequest& r, const ExecCtx& ctx, bool plan_outputs = false);
 
-struct GroupedGemmIO {
-  const void* lhs = nullptr;
-  const void* rhs = nullptr;
-  const int32_t* group_sizes = nullptr;
-  const float* lhs_scale_inv = nullptr;
-  const float* rhs_scale_inv = nullptr;
-  void* d = nullptr;
+// The operands and d (gemm/grouped_gemm.h GroupedGemmOperands), and one workspace of the plan's workspace_bytes.
+struct GroupedGemmIO : GroupedGemmOperands {
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
 };

@@ -49,6 +49,16 @@ int64_t check_input(const char* op, const char* what, const TensorView& x, int64
   return h;
 }
 
+// Starts a plan of either direction: keeps the request and the device kind, checks x (named `what` in messages) and
+// flattens it to [rows, hidden]; returns hidden.
+template <class Plan, class Request>
+int64_t start_plan(Plan& pl, const Request& r, const char* what, const ExecCtx& ctx) {
+  pl.req = r;
+  pl.cuda = ctx.cuda;
+  pl.hidden = check_input(r.op, what, r.x, pl.rows, ctx);
+  return pl.hidden;
+}
+
 void check_param(const char* op, const char* what, const TensorView& t, const TensorView& x, int64_t h,
                  const ExecCtx& ctx) {
   check_dtype(op, what, t.dtype, ctx);
@@ -87,13 +97,10 @@ const char* format_name(const QuantSpec& s) {
 
 NormFwdPlan plan_norm_fwd(const NormFwdRequest& r, const QuantSpec& spec, const ExecCtx& ctx, PlanOptions opt) {
   NormFwdPlan pl;
-  pl.req = r;
   pl.spec = spec;
-  pl.cuda = ctx.cuda;
+  const int64_t h = start_plan(pl, r, "input", ctx);
   const char* op = r.op;
   const bool ln = r.kind == NormKind::kLayerNorm;
-  const int64_t h = check_input(op, "input", r.x, pl.rows, ctx);
-  pl.hidden = h;
   check_param(op, "weight (gamma)", r.gamma, r.x, h, ctx);
   if (ln && !r.has_beta) fail(ErrorKind::kValue, msg(std::string(op), ": LayerNorm needs bias (beta) of shape [", str(h), "]"));
   if (!ln && r.has_beta) fail(ErrorKind::kValue, msg(std::string(op), ": RMSNorm takes no bias (beta)"));
@@ -177,12 +184,9 @@ void run_norm_fwd(const NormFwdPlan& pl, const NormFwdIO& io, const ExecCtx& ctx
   const NormFwdRequest& r = pl.req;
   check_ws(r.op, io.workspace_bytes, pl.workspace_bytes);
   NormFwdParams p;
+  static_cast<NormFwdTensors&>(p) = io;
+  if (r.kind != NormKind::kLayerNorm) p.beta = nullptr;
   p.kind = r.kind;
-  p.x = io.x;
-  p.gamma = io.gamma;
-  p.beta = r.kind == NormKind::kLayerNorm ? io.beta : nullptr;
-  p.mu = io.mu;
-  p.rsigma = io.rsigma;
   p.rows = pl.rows;
   p.hidden = pl.hidden;
   p.eps = float(r.eps);
@@ -235,12 +239,9 @@ void run_norm_fwd(const NormFwdPlan& pl, const NormFwdIO& io, const ExecCtx& ctx
 
 NormBwdPlan plan_norm_bwd(const NormBwdRequest& r, const ExecCtx& ctx) {
   NormBwdPlan pl;
-  pl.req = r;
-  pl.cuda = ctx.cuda;
+  const int64_t h = start_plan(pl, r, "x", ctx);
   const char* op = r.op;
   const bool ln = r.kind == NormKind::kLayerNorm;
-  const int64_t h = check_input(op, "x", r.x, pl.rows, ctx);
-  pl.hidden = h;
   if (r.dz.dtype != r.x.dtype) {
     fail(ErrorKind::kType, msg(std::string(op), ": dz dtype ", dtype_name(r.dz.dtype), " must match x dtype ",
                                dtype_name(r.x.dtype)));
@@ -269,15 +270,12 @@ void run_norm_bwd(const NormBwdPlan& pl, const NormBwdIO& io, const ExecCtx& ctx
   check_ws(r.op, io.workspace_bytes, pl.workspace_bytes);
   char* ws = static_cast<char*>(io.workspace);
   NormBwdParams p;
+  static_cast<NormBwdTensors&>(p) = io;
+  if (r.kind != NormKind::kLayerNorm) {
+    p.mu = nullptr;
+    p.dbeta = nullptr;
+  }
   p.kind = r.kind;
-  p.dz = io.dz;
-  p.x = io.x;
-  p.mu = r.kind == NormKind::kLayerNorm ? io.mu : nullptr;
-  p.rsigma = io.rsigma;
-  p.gamma = io.gamma;
-  p.dx = io.dx;
-  p.dgamma = io.dgamma;
-  p.dbeta = r.kind == NormKind::kLayerNorm ? io.dbeta : nullptr;
   p.dgamma_part = reinterpret_cast<float*>(ws + pl.dgamma_offset);
   p.dbeta_part = pl.dbeta_offset >= 0 ? reinterpret_cast<float*>(ws + pl.dbeta_offset) : nullptr;
   p.rows = pl.rows;

@@ -61,13 +61,9 @@ struct NormFwdPlan {
   int64_t amax_offset = -1;     // kFusedFp8 current scaling: FP32 amax scratch
 };
 
-struct NormFwdIO {
-  const void* x = nullptr;
-  const void* gamma = nullptr;
-  const void* beta = nullptr;
+// x, gamma, beta (LayerNorm), mu (LayerNorm), rsigma (producers/norm/norm.h), the output pieces, one workspace.
+struct NormFwdIO : NormFwdTensors {
   void* out[kNumPieces] = {};  // one pointer per present piece
-  float* mu = nullptr;         // LayerNorm
-  float* rsigma = nullptr;
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
 };
@@ -107,15 +103,8 @@ struct NormBwdPlan {
   int64_t dbeta_offset = -1;
 };
 
-struct NormBwdIO {
-  const void* dz = nullptr;
-  const void* x = nullptr;
-  const float* mu = nullptr;
-  const float* rsigma = nullptr;
-  const void* gamma = nullptr;
-  void* dx = nullptr;
-  void* dgamma = nullptr;
-  void* dbeta = nullptr;
+// dz, x, mu (LayerNorm), rsigma, gamma, dx, dgamma, dbeta (LayerNorm) (producers/norm/norm.h), one workspace.
+struct NormBwdIO : NormBwdTensors {
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
 };

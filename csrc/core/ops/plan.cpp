@@ -40,6 +40,11 @@ std::string dtype_name(DType d) {
 
 std::string device_str(const ExecCtx& ctx) { return ctx.cuda ? "cuda:" + std::to_string(ctx.device_index) : "cpu"; }
 
+void no_cuda(const char* op) {
+  const std::string rule = "this build of the core has no CUDA kernels; CUDA buffers are not supported";
+  fail(ErrorKind::kNotImplemented, op == nullptr ? rule : msg(std::string(op), ": ", rule));
+}
+
 std::string arch_name(const ExecCtx& ctx) {
   if (ctx.arch != nullptr) return ctx.arch;
 #if defined(TE_WITH_CUDA)

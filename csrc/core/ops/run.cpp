@@ -13,10 +13,6 @@
 namespace te {
 namespace ops {
 
-void no_cuda() {
-  fail(ErrorKind::kNotImplemented, "this build of the core has no CUDA kernels; CUDA buffers are not supported");
-}
-
 namespace {
 
 // ---- Launch on the context's device -----------------------------------------------------------------------------

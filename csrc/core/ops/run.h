@@ -44,9 +44,6 @@ int64_t workspace_bytes(const ActPlan& plan, const ActIO& io);
 
 void run_act(const ActPlan& plan, const ActIO& io, const ExecCtx& ctx);
 
-// Raises the one "this build of the core has no CUDA kernels" error (TE_ON_DEVICE in a build without CUDA).
-[[noreturn]] void no_cuda();
-
 // amax[0] = max |x| (NaN ignored) over a contiguous float32/float16/bfloat16 tensor; amax is zeroed first.
 void compute_amax(const TensorView& x, float* amax, const ExecCtx& ctx);
 

@@ -84,14 +84,19 @@ TE_HD float norm_rsigma(float var_or_ms, float eps) { return norm_div(1.0f, norm
 // ---- Forward ------------------------------------------------------------------------------------------------------
 // x [rows, hidden] (x_dtype); gamma, beta [hidden] (gamma_dtype); y [rows, hidden] of out_dtype (float32 / float16 /
 // bfloat16: y rounded once); mu (LayerNorm), rsigma [rows] FP32.
-struct NormFwdParams {
-  NormKind kind = NormKind::kLayerNorm;
+// The tensors the forward reads and the statistics it writes, as the op layer (ops/norm_op.h NormFwdIO) receives
+// them from a frontend and the kernels take them: one list, copied as a whole. beta: LayerNorm only.
+struct NormFwdTensors {
   const void* x = nullptr;
   const void* gamma = nullptr;
   const void* beta = nullptr;
-  void* y = nullptr;
   float* mu = nullptr;
   float* rsigma = nullptr;
+};
+
+struct NormFwdParams : NormFwdTensors {
+  NormKind kind = NormKind::kLayerNorm;
+  void* y = nullptr;
   int64_t rows = 0, hidden = 0;
   float eps = 1e-5f;
   bool zero_centered_gamma = false;
@@ -117,18 +122,23 @@ struct NormFwdParams {
 // ---- Backward -----------------------------------------------------------------------------------------------------
 // dz, x, dx [rows, hidden] (x_dtype); mu (LayerNorm), rsigma [rows] FP32; gamma [hidden] (gamma_dtype);
 // dgamma_part / dbeta_part FP32 [norm_bwd_blocks(rows, hidden), hidden]; dgamma / dbeta [hidden] (gamma_dtype).
-struct NormBwdParams {
-  NormKind kind = NormKind::kLayerNorm;
+// The tensors the backward reads and writes, as the op layer (ops/norm_op.h NormBwdIO) receives them from a frontend
+// and the kernels take them: one list, copied as a whole. mu and dbeta: LayerNorm only.
+struct NormBwdTensors {
   const void* dz = nullptr;
   const void* x = nullptr;
   const float* mu = nullptr;
   const float* rsigma = nullptr;
   const void* gamma = nullptr;
   void* dx = nullptr;
-  float* dgamma_part = nullptr;
-  float* dbeta_part = nullptr;
   void* dgamma = nullptr;
   void* dbeta = nullptr;
+};
+
+struct NormBwdParams : NormBwdTensors {
+  NormKind kind = NormKind::kLayerNorm;
+  float* dgamma_part = nullptr;
+  float* dbeta_part = nullptr;
   int64_t rows = 0, hidden = 0;
   bool zero_centered_gamma = false;
   DType x_dtype = DType::kFloat32, gamma_dtype = DType::kFloat32;
