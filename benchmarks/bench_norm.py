@@ -9,7 +9,8 @@ per row: us, GB/s of the byte floor, % of copy bandwidth, ratio to the byte floo
 over torch.compile, and MET / NOT MET against the targets:
   RMSNorm -> FP8 current scaling <= 1.1x its byte floor (floor: 2 reads of x + 1 byte written per element);
   FP8 delayed and MXFP8 forward >= 88 % of copy bandwidth; backward >= 80 %; every quantized output >= 1.5x torch.compile.
-Usage: python3 benchmarks/bench_norm.py [--quick] [--out-dir DIR]  (JSON written to DIR/bench_norm.json)
+Usage: python3 benchmarks/bench_norm.py [--quick] [--out-dir DIR]  (DIR/bench_norm.json, .md, .png; --render JSON
+redraws the table and plot of an earlier run)
 """
 import argparse
 import json
@@ -60,12 +61,53 @@ def print_row(r):
           flush=True)
 
 
+COLUMNS = (("op", "op", "{}"), ("output", "quant", "{}"), ("hidden", "hidden", "{}"), ("µs", "us", "{:.1f}"),
+           ("% copy BW", "pct_copy", "{:.1f}"), ("× byte floor", "floor_ratio", "{:.2f}"),
+           ("× torch.compile", "vs_compile", "{:.2f}"), ("targets", "targets_text", "{}"))
+
+
+def write_report(doc, out_dir):
+    """bench_norm.md (the table, MET / NOT MET per target) and bench_norm.png (% of copy bandwidth per case against
+    the targets' lines) beside the JSON."""
+    rows = [dict(r, targets_text=", ".join(f"{k}: {v}" for k, v in r["targets"].items()) or "-")
+            for r in doc["rows"]]
+    met = sum(v == "MET" for r in rows for v in r["targets"].values())
+    total = sum(len(r["targets"]) for r in rows)
+    lines = [f"# bench_norm on {doc['device']}", "",
+             f"Copy bandwidth {doc['copy']['gbs']:.0f} GB/s; {met} of {total} targets met.", ""]
+    lines += H.markdown_table(COLUMNS, rows)
+    with open(os.path.join(out_dir, "bench_norm.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4), sharey=True)
+    for ax, h in zip(axes, sorted({r["hidden"] for r in rows})):
+        sub = [r for r in rows if r["hidden"] == h]
+        groups = [f"{r['op'].replace('layernorm', 'ln').replace('rmsnorm', 'rms').replace('_', ' ')}\n{r['quant']}" for r in sub]
+        H.grouped_bars(ax, groups, {"ours": [r["pct_copy"] for r in sub]}, value_fmt="{:.0f}")
+        ax.axhline(88, color="tab:green", ls="--", lw=1, label="forward target 88 %")
+        ax.axhline(80, color="tab:orange", ls=":", lw=1, label="backward target 80 %")
+        ax.set_title(f"16384 x {h}, bf16 in")
+        ax.tick_params(axis="x", labelsize=6)
+    axes[0].set_ylabel("% of copy bandwidth")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "bench_norm.png"), dpi=120)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out-dir", default="benchmarks/results/norm")
     ap.add_argument("--cpu-smoke", action="store_true", help="tiny shapes on the CPU: checks the script, times nothing")
+    ap.add_argument("--render", metavar="JSON", help="only write the table and plot of an earlier run's JSON")
     args = ap.parse_args()
+    if args.render:
+        with open(args.render) as f:
+            write_report(json.load(f), args.out_dir)
+        return 0
     global ROWS, HIDDENS
     if args.cpu_smoke:
         ROWS, HIDDENS = 64, (256,)
@@ -184,8 +226,10 @@ def main():
     print(f"{sum(v == 'MET' for r in rows_out for v in r['targets'].values())} targets met of "
           f"{sum(len(r['targets']) for r in rows_out)}")
     os.makedirs(args.out_dir, exist_ok=True)
+    doc = {"device": "cpu" if args.cpu_smoke else torch.cuda.get_device_name(), "copy": copy, "rows": rows_out}
     with open(os.path.join(args.out_dir, "bench_norm.json"), "w") as f:
-        json.dump({"device": "cpu" if args.cpu_smoke else torch.cuda.get_device_name(), "copy": copy, "rows": rows_out}, f, indent=1)
+        json.dump(doc, f, indent=1)
+    write_report(doc, args.out_dir)
     return 0 if ok else 1
 
 
