@@ -5,16 +5,16 @@
 #   all    the whole suite (what CI runs)
 #   other arguments are passed to pytest as they are (test files under tests/, -k, -x, ...)
 # WHEEL: the wheel file (default: the newest dist/transformer_engine_torch-*.whl, from `make wheel`).
-# BASE_PYTHON: the interpreter the environment is made from (default python3); --system-site-packages gives the
-# environment its torch and jax (and anything else the tests import), so nothing is downloaded. A torch or jax
-# installed into the environment itself (pip install into $WHEEL_ENV/bin/python) wins over the base's.
+# BASE_PYTHON: the interpreter the environment is made from (default python3; not a venv's, whose packages a
+# venv made from it would not see); --system-site-packages gives the environment the base's torch and jax (and
+# anything else the tests import), so nothing is downloaded.
 # WHEEL_ENV: where the environment is made (default: a fresh temporary folder, removed on exit); an existing one is
-# reused, the wheel reinstalled.
+# reused and the wheel reinstalled into it: a torch or jax installed into it (another version) wins over the base's.
 #
-# The test tree is a temporary folder holding a copy of tests/ and links to the repository's other files (docs,
-# csrc, examples, benchmarks: tests read them), its two package folders being links to the installed packages in
-# site-packages: tests that read the packages' sources, and subprocesses that put the test tree on PYTHONPATH,
-# then see the installed files too. pytest runs with the interpreter's -P (no current folder on sys.path) and
+# The test tree is a temporary folder holding a copy of the repository's other files (tests/, and docs, csrc,
+# examples, benchmarks, which tests read; copies, not links, since tests resolve paths and check they stay inside
+# the tree), its two package folders being links to the installed packages in site-packages: tests that read the
+# packages' sources, and subprocesses that put the test tree on PYTHONPATH, then see the installed files too. pytest runs with the interpreter's -P (no current folder on sys.path) and
 # --import-mode=append (the test tree after site-packages), so `import transformer_engine_torch` resolves to
 # site-packages itself; tools/wheel_guard.py checks that before the first test and prints each module's file.
 set -euo pipefail
@@ -35,13 +35,12 @@ mkdir -p "$TREE" "$WORK/plugins"
 for entry in "$REPO"/* "$REPO"/.ci; do
   name=$(basename "$entry")
   case $name in
-    tests) cp -r "$entry" "$TREE/tests" ;;
     transformer_engine_torch | transformer_engine_jax) ln -s "$SITE/$name" "$TREE/$name" ;;
     build | dist | third_party) ;;
-    *) ln -s "$entry" "$TREE/$name" ;;
+    *) cp -r "$entry" "$TREE/$name" ;;
   esac
 done
-find "$TREE/tests" -name __pycache__ -prune -exec rm -rf {} +
+find "$TREE" -name __pycache__ -prune -exec rm -rf {} +
 cp "$REPO/tools/wheel_guard.py" "$WORK/plugins/"
 
 case "${1:-smoke}" in
