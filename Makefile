@@ -1,16 +1,29 @@
 # Quick start: `make demo` (installs torch + jax, builds both packages, runs both demos), then `make test`.
 PYTHON ?= python3
 
-.PHONY: install demo test gpu-check bench bench-smoke clean
+.PHONY: deps install demo test wheel wheel-check gpu-check bench bench-smoke clean
 
-install:
+deps:
 	$(PYTHON) -m pip install -q -r requirements.txt
+
+install: deps
 	bash tools/fetch_cutlass.sh
 	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
 
 demo: install
 	$(PYTHON) examples/mlp_demo.py
 	$(PYTHON) examples/jax_mlp_demo.py
+
+# A binary wheel in dist/ holding both extension modules and both packages (one compile; torch must be installed).
+# The GPU archs: TORCH_CUDA_ARCH_LIST, here sm_90a SASS plus compute_90 PTX for newer GPUs (docs/building.md).
+wheel:
+	bash tools/fetch_cutlass.sh
+	TORCH_CUDA_ARCH_LIST="$${TORCH_CUDA_ARCH_LIST:-9.0+PTX}" $(PYTHON) -m pip wheel -q --no-build-isolation --no-deps -w dist .
+
+# The wheel in dist/ installed into a fresh virtual environment and tested there, never the source tree:
+# WHEEL_TESTS (default: a smoke subset; `all`: the whole suite). tools/wheel_check.sh says how.
+wheel-check:
+	bash tools/wheel_check.sh $(WHEEL_TESTS)
 
 # The whole suite; GPU tests (marker `cuda`) run when a GPU is visible and are skipped otherwise.
 test:
@@ -33,4 +46,4 @@ bench-smoke:
 	$(MAKE) bench BENCH_ARGS=--cpu-smoke
 
 clean:
-	rm -rf build transformer_engine_torch/_C*.so *.egg-info
+	rm -rf build dist transformer_engine_torch/_C*.so transformer_engine_jax/_ffi*.so *.egg-info

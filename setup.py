@@ -2,7 +2,8 @@
 
 CUDAExtension when a CUDA toolkit and a CUDA build of torch are present (TE_FORCE_CPU=1 turns it off),
 otherwise a CPU-only CppExtension with every op on CPU. One arch by default: TORCH_CUDA_ARCH_LIST, or 9.0 when
-it is unset (no GPU is queried). FMA contraction is off on host and device so CPU and CUDA round alike.
+it is unset (no GPU is queried); an entry's "+PTX" adds that arch's portable PTX (gencode_flags; `make wheel` builds
+"9.0+PTX"). FMA contraction is off on host and device so CPU and CUDA round alike.
 TE_DEBUG=1 builds with -O0 -g. MAX_JOBS defaults to the core count.
 
 The grouped GEMM's tensor-core kernels (csrc/core/gemm/cutlass) need the CUTLASS 3.x headers: TE_CUTLASS_INCLUDE, or
@@ -21,7 +22,7 @@ for the module) and links no torch library. TE_NO_JAX=1 skips _ffi.
 import glob
 import os
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from torch.utils import cpp_extension
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,6 +57,9 @@ def with_cuda():
 debug = os.environ.get("TE_DEBUG", "0") == "1"
 opt = ["-O0", "-g"] if debug else ["-O3"]
 cxx_flags = opt + ["-ffp-contract=off", "-fno-fast-math"]
+# Python's own CFLAGS carry -g, which made 34 of _C's 36 MB (CPU build) debug info: left out at link time unless
+# TE_DEBUG, so a wheel ships code, not DWARF.
+link_flags = [] if debug else ["-Wl,--strip-debug"]
 core_srcs = sources("csrc/core/**/*.cpp")
 torch_srcs = sources("csrc/torch/*.cpp")
 os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
@@ -82,16 +86,34 @@ def nccl_include():
     return next((d for d in dirs if os.path.isfile(os.path.join(d, "nccl.h"))), None)
 
 
+def gencode_flags(archs):
+    """nvcc's -gencode flags for TORCH_CUDA_ARCH_LIST entries "X.Y", "X.Ya" and either with "+PTX": SASS for each
+    entry as written, and for a "+PTX" entry also the PTX of X.Y without the "a", since an arch-specific target's PTX
+    (compute_90a) loads on that arch only, while compute_90's is compiled by the driver for any newer GPU. Written out
+    here rather than left to torch, whose "9.0a+PTX" would ship compute_90a PTX. Any flag containing "arch" makes
+    torch add none of its own."""
+    flags = []
+    for entry in archs:
+        arch, _, ptx = entry.partition("+")
+        if ptx not in ("", "PTX") or not arch.replace("a", "").replace(".", "").isdigit():
+            raise ValueError(f"TORCH_CUDA_ARCH_LIST: {entry!r} is not an arch (X.Y, X.Ya, optionally +PTX)")
+        num = arch.replace(".", "")
+        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
+        if ptx:
+            base = num.rstrip("a")
+            flags.append(f"-gencode=arch=compute_{base},code=compute_{base}")
+    return flags
+
+
 if with_cuda():
     cutlass = cutlass_include()
     nccl = nccl_include()
     if nccl is not None:
         cxx_flags += ["-DTE_WITH_NCCL", "-isystem", nccl]
     archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "9.0").replace(";", " ").split()
-    if cutlass is not None:
-        archs = ["9.0a" if a == "9.0" else a for a in archs]  # wgmma: the Hopper-specific target
-    os.environ["TORCH_CUDA_ARCH_LIST"] = " ".join(archs)
-    nvcc_flags = opt + [
+    if cutlass is not None:  # wgmma: the Hopper-specific target
+        archs = [a.replace("9.0", "9.0a", 1) if a.split("+")[0] == "9.0" else a for a in archs]
+    nvcc_flags = gencode_flags(archs) + opt + [
         "-fmad=false",
         "-Xcompiler=-ffp-contract=off",
         "-DTE_WITH_CUDA",
@@ -112,10 +134,12 @@ if with_cuda():
         heavy_first(core_srcs) + torch_srcs,
         extra_compile_args={"cxx": cxx_flags + ["-DTE_WITH_CUDA"], "nvcc": nvcc_flags},
         libraries=["cublasLt"],  # the GEMM wrapper (csrc/core/gemm/cublaslt_gemm.cu); the CPU-only build needs none
+        extra_link_args=link_flags,
     )
 else:
     ext = cpp_extension.CppExtension(
-        "transformer_engine_torch._C", core_srcs + torch_srcs, extra_compile_args={"cxx": cxx_flags}
+        "transformer_engine_torch._C", core_srcs + torch_srcs, extra_compile_args={"cxx": cxx_flags},
+        extra_link_args=link_flags,
     )
 
 JAX_EXT = "transformer_engine_jax._ffi"
@@ -133,6 +157,10 @@ def jax_extension(cuda):
     from setuptools import Extension
 
     defines = ["-DTE_WITH_CUDA"] if cuda else []
+    # _ffi loads without torch, so it finds cuBLASLt and the CUDA runtime itself: the toolkit's (a source build), or
+    # in an installed wheel those of the nvidia-* wheels next to it (CUDA 13: nvidia/cu13/lib; CUDA 12: one folder
+    # per library), which jax's and torch's CUDA wheels install.
+    wheel_libs = ["$ORIGIN/../nvidia/cu13/lib", "$ORIGIN/../nvidia/cublas/lib", "$ORIGIN/../nvidia/cuda_runtime/lib"]
     cuda_lib = [os.path.join(cpp_extension.CUDA_HOME, "lib64")] if cuda else []
     return Extension(
         JAX_EXT,
@@ -142,7 +170,8 @@ def jax_extension(cuda):
         extra_compile_args={"cxx": cxx_flags + ["-isystem", jax.ffi.include_dir(), "-fvisibility=hidden"] + defines},
         libraries=["cublasLt", "cudart"] if cuda else [],
         library_dirs=cuda_lib,
-        runtime_library_dirs=cuda_lib,
+        runtime_library_dirs=cuda_lib + (wheel_libs if cuda else []),
+        extra_link_args=link_flags,
         language="c++",
     )
 
@@ -156,11 +185,21 @@ class BuildExtension(cpp_extension.BuildExtension):
         super().build_extension(ext)
 
 
+def torch_requirement():
+    """The torch a wheel of this build runs under: _C links LibTorch's C++ ABI, which changes between torch
+    releases, so the release it was built against (any local build of it: +cpu, +cu132)."""
+    import torch
+
+    return f"torch=={torch.__version__.split('+')[0]}"
+
+
 jax_ext = jax_extension(with_cuda())
 setup(
     name="transformer_engine_torch",
     version="0.1.0",
-    packages=["transformer_engine_torch", "transformer_engine_jax"],
+    packages=find_packages(include=["transformer_engine_torch", "transformer_engine_torch.*", "transformer_engine_jax",
+                                    "transformer_engine_jax.*"]),
+    install_requires=[torch_requirement()],
     ext_modules=[ext] + ([jax_ext] if jax_ext is not None else []),
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )
