@@ -36,12 +36,13 @@ def heavy_first(srcs):
     """The sources with the slowest translation units first. Ninja starts jobs in the order the build lists them, so
     in alphabetical order a 65 s unit (producers/instances/act_*_bwd.cu) started 54 s into a clean build and set its
     end (H200, 16 jobs: 119 s of compiling for 94 s of work; docs/building.md). Measured classes, slowest first: the
-    activation instances without a block format (50-70 s), the CUTLASS grouped GEMMs (53-62 s), the _mx / _nv
-    instances (20-35 s), the rest (under 35 s, most under 10 s). The sort is stable, so each class stays sorted."""
+    activation instances without a block format (50-70 s), the CUTLASS grouped GEMMs (53-62 s) and the norm
+    forward's units (one per output kind: together they were one unit of 80-90 s), the _mx / _nv instances (20-35 s),
+    the rest (under 35 s, most under 10 s). The sort is stable, so each class stays sorted."""
     def rank(path):
         if os.sep + "instances" + os.sep in path:
             return 2 if path.endswith(("_mx.cu", "_nv.cu")) else 0
-        return 1 if os.sep + "cutlass" + os.sep in path else 3
+        return 1 if os.sep + "cutlass" + os.sep in path or os.sep + "norm_fwd_" in path else 3
     return sorted(srcs, key=rank)
 
 

@@ -11,6 +11,10 @@
 #include <vector>
 
 #include "producers/norm/norm_cuda.cu"
+#include "producers/norm/norm_fwd_amax.cu"
+#include "producers/norm/norm_fwd_fp8.cu"
+#include "producers/norm/norm_fwd_mx.cu"
+#include "producers/norm/norm_fwd_plain.cu"
 
 using namespace te;
 

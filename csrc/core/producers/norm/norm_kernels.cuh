@@ -162,6 +162,17 @@ __device__ __forceinline__ float param_at(const void* base, DType dt, int64_t i)
   return static_cast<const float*>(base)[i];
 }
 
+// Stages gamma (as applied) and, when bs is given, beta into shared memory: threads t, t + stride, ... of the block.
+__device__ __forceinline__ void stage_params(float* gs, float* bs, const void* gamma, const void* beta, DType dt,
+                                             bool zero_centered, int64_t h, int t, int stride) {
+#pragma unroll 4
+  for (int64_t i = t; i < h; i += stride) {
+    const float gv = param_at(gamma, dt, i);
+    gs[i] = zero_centered ? 1.0f + gv : gv;
+    if (bs != nullptr) bs[i] = param_at(beta, dt, i);
+  }
+}
+
 // The staged gamma (and beta) of the chunk at e0 (n valid values; `vec`: 16-byte aligned in shared memory).
 __device__ __forceinline__ void staged_affine(const float* gs, const float* bs, int64_t e0, int n, bool vec,
                                               float (&g)[kNormVec], float (&b)[kNormVec]) {
@@ -232,12 +243,7 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks<kOut>()) fwd_kernel(N
   float* gs = reinterpret_cast<float*>(stage_s);
   float* bs = ln ? gs + h : nullptr;
   if (staged) {  // overlaps the first loads
-#pragma unroll 4
-    for (int64_t i = threadIdx.x; i < h; i += kThreads) {
-      const float gv = param_at(p.gamma, p.gamma_dtype, i);
-      gs[i] = p.zero_centered_gamma ? 1.0f + gv : gv;
-      if (ln) bs[i] = param_at(p.beta, p.gamma_dtype, i);
-    }
+    stage_params(gs, bs, p.gamma, p.beta, p.gamma_dtype, p.zero_centered_gamma, h, threadIdx.x, kThreads);
     __syncthreads();
   }
   const bool skip = kOut != FwdOut::kPlain && p.noop != nullptr && *p.noop == 1.0f;  // uniform over the grid
@@ -425,10 +431,7 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
   };
   float* gs = reinterpret_cast<float*>(acc_s + (pb ? 2 : 1) * NC * 2 * L);  // NC > 0: the staged applied gamma
   if constexpr (NC > 0) {
-    for (int64_t i = lane; i < h; i += L) {
-      const float gv = param_at(p.gamma, p.gamma_dtype, i);
-      gs[i] = p.zero_centered_gamma ? 1.0f + gv : gv;
-    }
+    stage_params(gs, nullptr, p.gamma, nullptr, p.gamma_dtype, p.zero_centered_gamma, h, lane, L);
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < NC; ++k) {
@@ -569,19 +572,6 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
       }
     }
   }
-}
-
-// The partial rows added in increasing order per column, rounded once to gamma's dtype.
-__global__ void bwd_reduce_kernel(NormBwdParams p, int64_t blocks) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= p.hidden) return;
-  float sg = 0.0f, sb = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b) {
-    sg += p.dgamma_part[b * p.hidden + c];
-    if (p.dbeta_part) sb += p.dbeta_part[b * p.hidden + c];
-  }
-  st_out(p.dgamma, p.gamma_dtype, c, sg);
-  if (p.dbeta) st_out(p.dbeta, p.gamma_dtype, c, sb);
 }
 
 }  // namespace norm_cuda

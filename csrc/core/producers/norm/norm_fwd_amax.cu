@@ -1,0 +1,8 @@
+// The norm forward's kernels and launcher for the amax output (norm_launch.cuh).
+#include "norm_launch.cuh"
+
+namespace te {
+namespace norm_cuda {
+template void fwd_launch<FwdOut::kAmax>(const NormFwdParams&, cudaStream_t);
+}  // namespace norm_cuda
+}  // namespace te
