@@ -15,7 +15,8 @@ Rows:
 On sm_90 the MXFP8 / NVFP4 GEMMs run as SPEC §6.7 says: each operand decoded once to bf16 in the GEMM's workspace,
 then the bf16 cuBLASLt GEMM.
 
-    python benchmarks/bench_block_gemm.py [--quick] [--skip-flax] [--skip-mlp] [--pairs N]
+    python benchmarks/bench_block_gemm.py [--quick] [--skip-flax] [--skip-mlp] [--pairs N]   ($OUT/block_gemm.*)
+    python benchmarks/bench_block_gemm.py --render benchmarks/results/h200/block_gemm.json
 """
 import argparse
 import json
@@ -160,6 +161,38 @@ def flax_rows(H, args):
     return rows
 
 
+COLUMNS = (("row", "row", "{}"), ("ours", "ours_us", "{:.1f} us"), ("bf16", "bf16_us", "{:.1f} us"),
+           ("ours step", "ours_ms", "{:.2f} ms"), ("bf16 step", "bf16_ms", "{:.2f} ms"), ("speed vs bf16", "ratio", "{:.3f}x"),
+           ("peak", "peak_GiB", "{:.2f} GiB"), ("peak vs bf16", "mem_ratio", "{:.2f}x"), ("verdict", "verdict", "{}"))
+
+
+def render(rows, out_dir):
+    """block_gemm.md (the table) and block_gemm.png (speed vs bf16 per row, the targets as lines) in out_dir."""
+    import _harness as H
+    met = sum(r["verdict"] == "MET" for r in rows)
+    lines = ["# bench_block_gemm", "", f"{met} of {len(rows)} rows meet their targets (GEMM >= {GEMM_TARGET}x bf16; MLP "
+             f"step >= {STEP_TARGET}x bf16 speed with peak memory <= {MEM_TARGET}x bf16's).", ""]
+    lines += H.markdown_table(COLUMNS, rows)
+    with open(os.path.join(out_dir, "block_gemm.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(10, 4))
+    H.grouped_bars(ax, [r["row"].replace(" GEMM ", "\nGEMM ").replace(" step ", "\nstep ") for r in rows],
+                   {"speed vs bf16": [r["ratio"] for r in rows],
+                    "peak memory vs bf16": [r.get("mem_ratio") for r in rows]}, value_fmt="{:.2f}")
+    ax.axhline(GEMM_TARGET, color="tab:green", ls="--", lw=1, label=f"GEMM target {GEMM_TARGET}x")
+    ax.axhline(STEP_TARGET, color="tab:orange", ls=":", lw=1, label=f"step target {STEP_TARGET}x")
+    ax.axhline(MEM_TARGET, color="tab:red", ls="-.", lw=1, label=f"memory bound {MEM_TARGET}x")
+    ax.set_ylabel("x bf16")
+    ax.tick_params(axis="x", labelsize=6)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "block_gemm.png"), dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="8192^3 only")
@@ -168,7 +201,12 @@ def main(argv=None):
     p.add_argument("--skip-mlp", action="store_true")
     p.add_argument("--skip-flax", action="store_true")
     p.add_argument("--flax-worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--render", metavar="JSON", help="only write block_gemm.md / .png of an earlier run's JSON")
     args = p.parse_args(argv)
+    if args.render:
+        with open(args.render) as f:
+            render(json.load(f), os.path.dirname(os.path.abspath(args.render)))
+        return 0
     if args.flax_worker:
         flax_worker(args.flax_worker, args.iters)
         return 0
@@ -194,6 +232,7 @@ def main(argv=None):
     if out:
         with open(os.path.join(out, "block_gemm.json"), "w") as f:
             json.dump(rows, f, indent=1)
+        render(rows, out)
     return 0 if all(r.get("valid", True) for r in rows) else 1
 
 

@@ -13,9 +13,9 @@ residuals keep only the copy the backward reads. The output gradient is quantize
 (`quantize_dbias`); without quantizers dbias comes out of the wgrad GEMM's bias-grad epilogue. Split accumulation as
 the torch layers: fprop off, dgrad and wgrad on (FP8 per-tensor only). Gradients come back in the inputs' dtypes.
 
-Formats tej.gemm does not run yet (MXFP8, NVFP4 everywhere; FP8 block on the CPU) are emulated: each operand's copy
-is dequantized to float32 and multiplied by `lax.dot_general` in float32 (SPEC §6.7's emulation, in jnp), rounded
-once to x's dtype. NVFP4 runs without the random Hadamard transform there (recipe.py).
+Every format runs through tej.gemm, the core's GEMM op (MXFP8 and NVFP4 decoded to bf16 inside it on sm_90, SPEC
+§6.7; exact on the CPU), so tex and tej give the same bytes. NVFP4 runs without the random Hadamard transform here
+(recipe.py).
 
 Delayed scaling: the amaxes of the forward and backward casts leave as the cotangent of the quantizer set
 (`amax_history[0]`); `tej.update_quantizer_set` turns them into the next step's set (recipe.py).
@@ -37,8 +37,6 @@ from .scaled_tensor import ScaledTensor
 
 __all__ = ["dense"]
 
-_EMULATED = (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
-_BLOCK = (ScalingMode.BLOCK_SCALING_1x128, ScalingMode.BLOCK_SCALING_128x128)
 _PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)
 _FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # Every GEMM dim (K, N, and the token count: the wgrad's contraction dim) must be a multiple of this (SPEC §6.5).
@@ -116,30 +114,11 @@ def lead_dims(t) -> tuple:
     return tuple(range(len(t.shape) - 1))
 
 
-def _emulated(lhs, rhs, dims, dtype, bias):
-    """The GEMM on the dequantized copies (float32, exact), accumulated in float32, rounded once to dtype."""
-    (lc,), (rc,) = dims
-    a = copy_for(lhs, lc == len(lhs.shape) - 1).dequantize(jnp.float32)
-    b = copy_for(rhs, rc == len(rhs.shape) - 1).dequantize(jnp.float32)
-    out = jax.lax.dot_general(a, b, (dims, ((), ())), precision=jax.lax.Precision.HIGHEST,
-                              preferred_element_type=jnp.float32)
-    if bias is not None:
-        out = out + bias.astype(jnp.float32)
-    return out.astype(dtype)
-
-
 def mm(lhs, rhs, dims, dtype, gemm_kind: str, bias=None, sequence_parallel=False):
-    """2-D lhs·rhs contracted over dims ((a,), (b,)), out in `dtype`: tej.gemm, or the emulation for the formats it
-    does not run here. sequence_parallel: tej.gemm's (a row-parallel GEMM reduce-scatters its output along M)."""
-    if isinstance(lhs, ScaledTensor):
-        modes = (lhs.scaling_mode, rhs.scaling_mode)
-        if any(m in _EMULATED for m in modes):
-            return _emulated(lhs, rhs, dims, dtype, bias)
-        if any(m in _BLOCK for m in modes):
-            try:
-                return gemm(lhs, rhs, dims, bias=bias)
-            except NotImplementedError:  # the CPU kernel has no FP8 block GEMM (SPEC §6.6)
-                return _emulated(lhs, rhs, dims, dtype, bias)
+    """2-D lhs·rhs contracted over dims ((a,), (b,)) through tej.gemm (its output dtype: the operands' nominal one,
+    `dtype`). sequence_parallel: tej.gemm's (a row-parallel GEMM reduce-scatters its output along M)."""
+    if isinstance(lhs, ScaledTensor) and lhs.scaling_mode not in _PER_TENSOR:
+        return gemm(lhs, rhs, dims, bias=bias)
     return gemm(lhs, rhs, dims, bias=bias, use_split_accumulator=_SPLIT[gemm_kind],
                 sequence_parallel=sequence_parallel)
 

@@ -38,8 +38,9 @@ _TARGET = "te_gemm"
 _PLAIN = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 # te::GemmScaling codes of the ScaledTensor modes the GEMM takes.
 _SCALING = {ScalingMode.DELAYED_TENSOR_SCALING: 1, ScalingMode.CURRENT_TENSOR_SCALING: 1,
-            ScalingMode.MXFP8_1D_SCALING: 2, ScalingMode.BLOCK_SCALING_1x128: 4,
-            ScalingMode.BLOCK_SCALING_128x128: 5}
+            ScalingMode.MXFP8_1D_SCALING: 2, ScalingMode.NVFP4_1D_SCALING: 3, ScalingMode.NVFP4_2D_SCALING: 3,
+            ScalingMode.BLOCK_SCALING_1x128: 4, ScalingMode.BLOCK_SCALING_128x128: 5}
+_NVFP4 = (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
 _PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)
 # jax's matmul precision names under which fp32 operands may run on TF32 tensor cores; anything else (the default
 # included) keeps full FP32, as torch's default "highest" does.
@@ -83,11 +84,12 @@ def _block(contract: tuple, ndim: int) -> str | None:
 
 class _Operand:
     """One operand as the call passes it: the 2-D buffer (K last unless `k_first`), its scale_inv, the te::GemmScaling
-    code, its non-contracting dims and its nominal dtype (a ScaledTensor's dequantized dtype)."""
+    code, its non-contracting dims, its nominal dtype (a ScaledTensor's dequantized dtype) and, NVFP4, its copy's
+    global amax f32[1]."""
 
-    def __init__(self, data, scale_inv, scaling, k_first, outer_shape, dtype):
+    def __init__(self, data, scale_inv, scaling, k_first, outer_shape, dtype, amax=None):
         self.data, self.scale_inv, self.scaling, self.k_first = data, scale_inv, scaling, k_first
-        self.outer_shape, self.dtype = outer_shape, jnp.dtype(dtype)
+        self.outer_shape, self.dtype, self.amax = outer_shape, jnp.dtype(dtype), amax
 
 
 def _plain_operand(x, contract, name) -> _Operand:
@@ -111,9 +113,8 @@ def _scaled_operand(x: ScaledTensor, contract, name) -> _Operand:
     mode = x.scaling_mode
     if mode not in _SCALING:
         raise NotImplementedError(
-            f"tej.gemm: not yet supported: {name} {describe(x)}: {mode.name} GEMMs run in the torch frontend "
-            f"(native on sm_100, decoded to bf16 on sm_90, emulated on the CPU, SPEC §6.7) but not yet through "
-            f"tej; dequantize it (x.dequantize()) or use an FP8 per-tensor, MXFP8 or FP8 block recipe")
+            f"tej.gemm: not yet supported: {name} {describe(x)}: {mode.name} has no GEMM; dequantize it "
+            f"(x.dequantize()) or use an FP8 per-tensor, MXFP8, NVFP4 or FP8 block recipe")
     nd = len(x.shape)
     n = len(contract)
     per_tensor = mode in _PER_TENSOR
@@ -150,6 +151,18 @@ def _scaled_operand(x: ScaledTensor, contract, name) -> _Operand:
         data = data.reshape((m, k) if rowwise else (k, m))
         return _Operand(data, _swizzle_mx_scales(scale_inv, not rowwise), _SCALING[mode], not rowwise,
                         outer_shape, x.dq_dtype)
+    if mode in _NVFP4:
+        # Both copies hold K along their rows (the colwise one is x^T), two E2M1 codes a byte; the core takes the
+        # GEMM-swizzled E4M3 scales (SPEC §4.8) and the copy's global amax (folded into alpha, SPEC §6.7).
+        amax = x.amax if rowwise else x.colwise_amax
+        if amax is None:
+            raise ValueError(f"tej.gemm: {name} {describe(x)} has no {'amax' if rowwise else 'colwise_amax'}; an "
+                             f"NVFP4 GEMM needs its copy's global amax")
+        scale = scale_inv.reshape(-1, scale_inv.shape[-1])
+        if scale.size:
+            scale = _swizzle(scale, *scale.shape)
+        return _Operand(data.reshape(m, k // 2), scale, _SCALING[mode], False, outer_shape, x.dq_dtype,
+                        amax.reshape(1).astype(jnp.float32))
     return _Operand(data.reshape(m, k), scale_inv, _SCALING[mode], False, outer_shape, x.dq_dtype)
 
 
@@ -311,7 +324,9 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
                  rhs_scaling=np.int64(R.scaling), fuse_bias=bias is not None or bool(bias_grad),
                  fuse_gelu=bool(fuse_gelu) or gelu_input is not None, grad=grad,
                  use_split_accumulator=bool(use_split_accumulator), allow_tf32=_allow_tf32())
-    inputs = (L.data, L.scale_inv, R.data, R.scale_inv, bias_in, gelu_in)
+    amax_in = jnp.concatenate([L.amax, R.amax]) if L.amax is not None and R.amax is not None else \
+        jnp.zeros((0,), jnp.float32)
+    inputs = (L.data, L.scale_inv, R.data, R.scale_inv, bias_in, gelu_in, amax_in)
     try:
         _plans(inputs, out_dtype, attrs)  # every check at trace time, on the global shapes
     except (ValueError, TypeError, NotImplementedError) as e:
@@ -402,7 +417,7 @@ def _common_prefix(a: tuple, b: tuple) -> tuple:
 def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict, sequence_parallel: bool = False):
     """(_Form, argument shardings, result shardings) of one te_gemm call, from its operands' shardings (the block
     above)."""
-    lhs, _, rhs, _, bias, gelu_in = arg_shapes
+    lhs, _, rhs, _, bias, gelu_in, _ = arg_shapes
     lhs_m, lhs_k, rhs_k, rhs_n = _dims(attrs)
     nd = len(lhs.shape)
     m_dims, lhs_k = ((lhs_m,), lhs_k) if nd == 2 else (tuple(range(nd - 1)), nd - 1)  # [M..., K]: see _te_gemm
@@ -474,7 +489,7 @@ def _gemm_shardings(mesh, arg_shapes, result_shapes, out_dtype, attrs: dict, seq
         lhs_parts, rhs_parts = [()] * nd, [(), ()]
     spec = lambda *parts: NamedSharding(mesh, PartitionSpec(*(_entry(p) for p in parts)))
     args = (spec(*lhs_parts), spec(), spec(*rhs_parts), spec(), spec(n) if bias.shape[0] else spec(),
-            spec(m, n) if len(gelu_in.shape) == 2 else spec())
+            spec(m, n) if len(gelu_in.shape) == 2 else spec(), spec())
     bgrad = n if attrs["fuse_gelu"] else m  # with gelu_input: Σ over M of out [N]; without: Σ over K of lhs [M]
     _, pre_gelu, bias_grad = result_shapes
     out = spec(*out_m, n)
@@ -506,10 +521,10 @@ def _gemm_rule(attrs: dict):
         bgrad = "n" if attrs["fuse_gelu"] else "m"
         scale = lambda i: " ".join(f"s{i}d{d}" for d in range(len(value_types[2 * i + 1].shape)))  # replicated
         terms = [" ".join(lhs), scale(0), " ".join(rhs), scale(1), "n" if bias.shape[0] else "b",
-                 "m n" if len(gelu_in.shape) == 2 else "g", out,
+                 "m n" if len(gelu_in.shape) == 2 else "g", "a" if value_types[6].shape[0] else "z", out,
                  out if len(result_types[1].shape) > 1 else "p",
                  bgrad if result_types[2].shape[0] else "d"]
-        return ", ".join(terms[:6]) + " -> " + ", ".join(terms[6:])
+        return ", ".join(terms[:7]) + " -> " + ", ".join(terms[7:])
 
     return rule
 
@@ -518,22 +533,23 @@ def _ring_body(form: _Form, tp: int, out_dtype, attrs: dict):
     """The shard-local function of a ring form: ring.py's rings around shard-local te_gemm calls."""
     empty = jnp.zeros((0,), jnp.uint8)
 
-    def all_gather(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
+    def all_gather(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in, amax):
         def mm(chunk):  # rows of lhs [M..., K] (FP8 codes for a ScaledTensor: its scale_inv is on every shard)
-            out, pre_gelu, _ = _te_gemm(out_dtype, attrs, chunk, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in)
+            out, pre_gelu, _ = _te_gemm(out_dtype, attrs, chunk, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in,
+                                        amax)
             return (out, pre_gelu) if attrs["fuse_gelu"] else (out,)
 
         outs = ring_all_gather(lhs, mm, form.axis, tp, form.dim)
         return outs[0], outs[1] if attrs["fuse_gelu"] else empty, empty
 
-    def reduce_scatter(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
+    def reduce_scatter(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in, amax):
         d = _dims(attrs)[0] if lhs.ndim == 2 else lhs.ndim - 2  # lhs's last M dim
         rows = lhs.shape[d] // tp
 
         def partial(c):  # chunk c of the local rows: an FP32 partial product, no bias
             chunk = jax.lax.dynamic_slice_in_dim(lhs, c * rows, rows, d)
             return _te_gemm(jnp.dtype(jnp.float32), _partial(attrs), chunk, lhs_scale_inv, rhs, rhs_scale_inv,
-                            jnp.zeros((0,), jnp.float32), gelu_in)[0]
+                            jnp.zeros((0,), jnp.float32), gelu_in, amax)[0]
 
         out = ring_reduce_scatter(partial, form.axis, tp)
         if bias.shape[0]:
@@ -550,7 +566,7 @@ def _ffi_ring_body(mesh, form: _Form, out_dtype, attrs: dict, arg_shapes):
     gathered/scattered rows that are not the leading dim of lhs's rows (a sequence dim sharded under an
     unsharded batch dim: its chunks are not contiguous rows). rhs may be [N, K] or, plain, [K, N] (tej.dense's
     kernel)."""
-    lhs, lhs_s, rhs, rhs_s, bias, _ = arg_shapes
+    lhs, lhs_s, rhs, rhs_s, bias, _, _ = arg_shapes
     if (not F.available(mesh) or attrs["fuse_gelu"] or attrs["grad"] or attrs["lhs_transposed"]
             or attrs["lhs_scaling"] not in (0, 1) or attrs["rhs_scaling"] != attrs["lhs_scaling"]
             or (attrs["lhs_scaling"] and not attrs["rhs_transposed"])):
@@ -562,7 +578,7 @@ def _ffi_ring_body(mesh, form: _Form, out_dtype, attrs: dict, arg_shapes):
     key = F.initialize(mesh, form.axis)
     kind = F.AG if form.kind == "all_gather" else F.RS
 
-    def body(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
+    def body(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in, amax):
         lead, k = lhs.shape[:-1], lhs.shape[-1]
         x = lhs.reshape(-1, k)
         scales = [s.reshape(-1).astype(jnp.float32) if attrs[f"{n}_scaling"] else jnp.zeros((0,), jnp.float32)
@@ -595,10 +611,10 @@ def _sharded_gemm(out_dtype, attr_items: tuple, sequence_parallel: bool = False)
                 _ring_body(form, mesh.shape[form.axis], out_dtype, attrs)
             return mesh, body, results, args
 
-        def row_parallel(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in):
+        def row_parallel(lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in, amax):
             # partial FP32 products, summed over the K shards, the bias added once, rounded once
             out, pre_gelu, bgrad = _te_gemm(jnp.dtype(jnp.float32), _partial(attrs), lhs, lhs_scale_inv, rhs,
-                                            rhs_scale_inv, jnp.zeros((0,), jnp.float32), gelu_in)
+                                            rhs_scale_inv, jnp.zeros((0,), jnp.float32), gelu_in, amax)
             out = jax.lax.psum(out, form.k)
             if bias.shape[0]:
                 out = out + bias.astype(jnp.float32)

@@ -16,7 +16,6 @@ from .cast import quantize
 from .formats.base import TENSOR_CLASSES, QuantizedTensor, _rows_cols, _transposed_shape, check_quantizer
 from .formats.fp8 import Float8Quantizer, Float8Tensor
 from .formats.fp8_block import Float8BlockwiseQTensor
-from .formats.nvfp4 import nvfp4_global_decode
 
 _GEMM = torch.ops.te.gemm.default
 _PLAIN_CODES = {torch.float32: int(DType.kFloat32), torch.float16: int(DType.kFloat16),
@@ -91,47 +90,17 @@ def _emulated_operands(copies):
     return out
 
 
-_NVFP4_GLOBAL = 1.0 / (6.0 * 6.0 * 448.0 * 448.0)
-
-
-def nvfp4_gemm_alpha(amax_a, amax_b, alpha):
-    """The native NVFP4 GEMM's device alpha' (float32 [1]): the operands' global decode scales folded into alpha
-    (SPEC §6.7). TE's fl(fl(amax_A * amax_B) * fl(alpha / (6 * 6 * 448 * 448))) wherever it is finite and both amaxes
-    stand for the quantizers' S_dec (finite, and 2688 / amax did not overflow; amax 0 gives alpha' 0 as in TE).
-    Elsewhere alpha * g_A * g_B in float64, rounded once, with g = amax / 2688 for such an operand and g = S_dec
-    (the quantizer's, `nvfp4_global_decode`: 1 for amax Inf) for the others; so amaxes whose FP32 product overflows
-    (both above about 1.8e19) give the finite alpha' the dequantized operands imply, and an Inf amax no longer makes
-    every output Inf. Blocks whose element multiplier the quantizer clamped (amax below about 4e-33, see
-    `nvfp4_decode_factors`) cannot be expressed through one alpha; the emulated GEMM, which dequantizes, has them."""
-    te = (amax_a.float() * amax_b.float()).reshape(1) * (float(alpha) * _NVFP4_GLOBAL)
-    keep = torch.isfinite(te)
-    g = []
-    for amax in (amax_a, amax_b):
-        a = amax.float().reshape(1)
-        s_dec, regular = nvfp4_global_decode(a)
-        keep = keep & (regular | (a == 0))
-        g.append(torch.where(regular, a.double() / 2688.0, s_dec.double()))
-    safe = (g[0] * g[1] * float(alpha)).float()
-    return torch.where(keep, te, safe)
-
-
-def _native_operands(copies, transA, transB, alpha, beta):
+def _native_operands(copies, transA, transB):
     """The native block GEMM's operands (SPEC §6.4, §6.6): for each of A and B the stored copy as a 2-D matrix
     (rows, K or K-major as the layout says), its scales (float32 FP8-block matrices; GEMM-swizzled E8M0 / E4M3 bytes,
     swizzled into a temporary when stored compact), DType code, kernel flag and te::GemmScaling code; and, for NVFP4,
-    the device [alpha, beta] with the global scales folded into alpha (SPEC §6.7), else None. FP8 block and NVFP4
-    copies run as TN (their columnwise copies are stored transposed); MXFP8 copies keep the layout."""
+    the two copies' global amaxes (the core folds their decode scales into alpha, SPEC §6.7), else (None, None). FP8
+    block and NVFP4 copies run as TN (their columnwise copies are stored transposed); MXFP8 copies keep the layout."""
     out, amaxes = [], []
     for i, (x, rowwise) in enumerate(copies):
         out.append(x._native_gemm_operand(rowwise, transA if i == 0 else transB, i == 0))
-        amax = x._gemm_global_amax(rowwise)
-        if amax is not None:
-            amaxes.append(amax)
-    alpha_beta = None
-    if amaxes:
-        a_prime = nvfp4_gemm_alpha(amaxes[0], amaxes[1], alpha)
-        alpha_beta = torch.cat([a_prime, a_prime.new_full((1,), float(beta))])
-    return out[0], out[1], alpha_beta
+        amaxes.append(x._gemm_global_amax(rowwise))
+    return out[0], out[1], tuple(None if a is None else a.float().reshape(1) for a in amaxes)
 
 
 def _operand(name, x, trans, layout):
@@ -195,22 +164,25 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     if nominal is None:
         raise TypeError(f"generic_gemm: A must be a torch.Tensor or a quantized tensor, got {type(A).__name__}")
     a_scaling = b_scaling = 0
-    alpha_beta = None
+    amaxes = (None, None)
     if beta is None:
         beta = 1.0 if accumulate else 0.0
+    if output_dtype is not None and as_dtype(output_dtype, "generic_gemm: output_dtype") == DType.kFloat4E2M1:
+        raise ValueError("generic_gemm: FP4 output is not supported (output_dtype=kFloat4E2M1); request bf16/fp32 "
+                         "output and quantize it to NVFP4 afterwards")
     fmt = _block_format(A) or _block_format(B)
     if fmt is not None:
         copies = _block_copies(A, transA, B, transB, layout)
         # The name of the class, a plain constant, is what the device fact takes (it is traced: _device.py).
         # MXFP8 / NVFP4 on CUDA always go to the core's GEMM op: natively on sm_100+, elsewhere it decodes each
         # operand once to bf16 in its workspace and runs the bf16 GEMM (SPEC §6.7).
-        native = isinstance(A, fmt) and A.device.type == "cuda" and (fmt.gemm_core_decodes or _device.gemm_is_native(
-            fmt.__name__, _device.cuda_index(A.device)))
+        native = isinstance(A, fmt) and (fmt.gemm_core_cpu if A.device.type == "cpu" else (
+            fmt.gemm_core_decodes or _device.gemm_is_native(fmt.__name__, _device.cuda_index(A.device))))
         if native and fmt.gemm_native_out_dtypes is not None:
             native = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype") in fmt.gemm_native_out_dtypes
         if native:
-            (a, a_sinv, a_code, ta, a_scaling), (b, b_sinv, b_code, tb, b_scaling), alpha_beta = _native_operands(
-                copies, transA, transB, alpha, beta)
+            (a, a_sinv, a_code, ta, a_scaling), (b, b_sinv, b_code, tb, b_scaling), amaxes = _native_operands(
+                copies, transA, transB)
         else:
             A, B = _emulated_operands(copies)
     if a_scaling == 0:
@@ -220,9 +192,6 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     if a.device != b.device:
         raise ValueError(f"generic_gemm: operands must be on one device, got A {_describe(A)} on {a.device}, "
                          f"B {_describe(B)} on {b.device}; move them with .to(device)")
-    if output_dtype is not None and as_dtype(output_dtype, "generic_gemm: output_dtype") == DType.kFloat4E2M1:
-        raise ValueError("generic_gemm: FP4 output is not supported (output_dtype=kFloat4E2M1); request bf16/fp32 "
-                         "output and quantize it to NVFP4 afterwards")
     out_dt = _hp_dtype(output_dtype, nominal, "generic_gemm: output_dtype")
     if out_dt in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise ValueError(f"generic_gemm: output_dtype {out_dt} needs an FP8 quantizer: pass a Float8Quantizer as "
@@ -292,7 +261,7 @@ def _gemm(A, transA, B, transB, D, quantizer, output_dtype, bias, bias_type, gel
     call(_GEMM, (a, a_sinv, a_code, ta, b, b_sinv, b_code, tb, d_buf, d_code, op_bias, bias_grad, pre_gelu,
                  gelu_in if (gelu and grad) else None, d_scale, d_amax, d_sinv, workspace, int(workspace_size or 0),
                  bool(gelu), bool(grad), bool(use_split_accumulator), float(alpha), float(beta), a_scaling, b_scaling,
-                 alpha_beta))
+                 None, *amaxes))
 
     if fp8_out:
         out = d_user if d_user is not None else Float8Tensor._from_op(

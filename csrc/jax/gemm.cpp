@@ -4,10 +4,11 @@
 // `_ffi.plan_gemm` for the results' shapes and the workspace at trace time.
 //
 // Arguments, results and attributes, in the order the Python call passes them:
-//   args     lhs lhs_scale_inv rhs rhs_scale_inv bias gelu_input
+//   args     lhs lhs_scale_inv rhs rhs_scale_inv bias gelu_input global_amax
 //            lhs/rhs: the stored copies as 2-D buffers (gemm.h); *_scale_inv: f32[1] (FP8 per tensor) or the SPEC §4.8
-//            block-scale matrix (FP8 block), 0 elements for plain operands; bias [N] (fuse_bias, forward); gelu_input
-//            [M, N] (fuse_gelu with grad); 0 elements where not used.
+//            block-scale matrix (MXFP8, NVFP4, FP8 block), 0 elements for plain operands; bias [N] (fuse_bias,
+//            forward); gelu_input [M, N] (fuse_gelu with grad); global_amax f32[2] (NVFP4: lhs's and rhs's copies'
+//            global amaxes, folded into alpha by the core); 0 elements where not used.
 //   results  out [M, N]; pre_gelu_out [M, N] (fuse_gelu, forward); bias_grad ([N] with fuse_gelu, [M] without:
 //            fuse_bias with grad); workspace (uint8, aligned up to 256 B here: the cuBLASLt workspace and the
 //            unfused epilogue's FP32 accumulator). A result the call does not write has 0 elements.
@@ -49,6 +50,20 @@ te::ops::GemmRequest gemm_request(const GemmInputs& in, const GemmAttrs& at, te:
   r.gelu_in.present = at.fuse_gelu && at.grad;
   r.gelu_in.v = in.gelu_in;
   r.want_bias_grad = at.fuse_bias && at.grad;
+  // NVFP4: lhs's amax at [0] (B's), rhs's at [1] (A's).
+  if (at.lhs_scaling == int64_t(te::GemmScaling::kNvfp4) && in.global_amax.shape.numel() == 2 &&
+      in.global_amax.dtype == te::DType::kFloat32) {
+    const auto at_index = [&](int i) {
+      te::ops::GemmBuffer b;
+      b.present = true;
+      b.v = in.global_amax;
+      b.v.shape = te::ops::Shape::of(1);
+      if (b.v.data != nullptr) b.v.data = static_cast<const float*>(b.v.data) + i;
+      return b;
+    };
+    r.b_amax = at_index(0);
+    r.a_amax = at_index(1);
+  }
   r.use_split_accumulator = at.use_split_accumulator;
   r.allow_tf32 = at.allow_tf32;
   return r;
@@ -75,7 +90,7 @@ te::ops::GemmBuffer result(Ret& r, const char* what, bool present) {
 }
 
 ffi::Error gemm(const te::ops::ExecCtx& ctx, Buf lhs, Buf lhs_scale_inv, Buf rhs, Buf rhs_scale_inv, Buf bias,
-                Buf gelu_in, Ret out, Ret pre_gelu_out, Ret bias_grad, Ret workspace, bool lhs_transposed,
+                Buf gelu_in, Buf global_amax, Ret out, Ret pre_gelu_out, Ret bias_grad, Ret workspace, bool lhs_transposed,
                 bool rhs_transposed, int64_t lhs_scaling, int64_t rhs_scaling, bool fuse_bias, bool fuse_gelu,
                 bool grad, bool use_split_accumulator, bool allow_tf32) {
   return guarded([&] {
@@ -83,7 +98,8 @@ ffi::Error gemm(const te::ops::ExecCtx& ctx, Buf lhs, Buf lhs_scale_inv, Buf rhs
                        fuse_gelu,      grad,           use_split_accumulator, allow_tf32};
     const GemmInputs in{view_of(lhs, kGemmOp, "lhs"),  view_of(lhs_scale_inv, kGemmOp, "lhs_scale_inv"),
                         view_of(rhs, kGemmOp, "rhs"),  view_of(rhs_scale_inv, kGemmOp, "rhs_scale_inv"),
-                        view_of(bias, kGemmOp, "bias"), view_of(gelu_in, kGemmOp, "gelu_input")};
+                        view_of(bias, kGemmOp, "bias"), view_of(gelu_in, kGemmOp, "gelu_input"),
+                        view_of(global_amax, kGemmOp, "global_amax")};
     te::ops::GemmRequest r = gemm_request(in, at, view_of(*out, kGemmOp, "out").dtype);
     r.d = result(out, "out", true);
     r.pre_gelu_out = result(pre_gelu_out, "pre_gelu_out", fuse_gelu && !grad);
@@ -99,6 +115,10 @@ ffi::Error gemm(const te::ops::ExecCtx& ctx, Buf lhs, Buf lhs_scale_inv, Buf rhs
     io.bias_grad = bias_grad->untyped_data();
     io.pre_gelu_out = pre_gelu_out->untyped_data();
     io.gelu_in = gelu_in.untyped_data();
+    if (r.a_amax.present) {
+      io.a_amax = static_cast<const float*>(r.a_amax.v.data);
+      io.b_amax = static_cast<const float*>(r.b_amax.v.data);
+    }
     bind_workspace(io, workspace);
     te::ops::run_gemm(plan, io, ctx);
   });
@@ -111,7 +131,7 @@ ffi::Error gemm_setup() {
 #endif
 
 template <class B> auto gemm_binding(B b) {
-  return bind_buffers<6, 4>(std::move(b))
+  return bind_buffers<7, 4>(std::move(b))
       .template Attr<bool>("lhs_transposed")
       .template Attr<bool>("rhs_transposed")
       .template Attr<int64_t>("lhs_scaling")

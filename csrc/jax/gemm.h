@@ -29,10 +29,11 @@ struct GemmAttrs {
   bool allow_tf32 = false;
 };
 
-// What a call knows of its inputs (views with or without data): lhs, its scale_inv, rhs, its scale_inv, bias and
-// gelu_input, in argument order. Only the ones the attributes use are read.
+// What a call knows of its inputs (views with or without data): lhs, its scale_inv, rhs, its scale_inv, bias,
+// gelu_input and global_amax (NVFP4: f32[2], lhs's and rhs's global amaxes), in argument order. Only the ones the
+// attributes use are read.
 struct GemmInputs {
-  te::ops::TensorView lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in;
+  te::ops::TensorView lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_in, global_amax;
 };
 
 constexpr const char* kGemmOp = "te_gemm";

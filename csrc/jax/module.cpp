@@ -152,14 +152,15 @@ te::ops::ExecCtx plan_ctx(bool cuda) {
 
 // The plan of one te_gemm call (gemm.h) as plain Python data: {"out": (shape, dtype code), "pre_gelu_out" and
 // "bias_grad": (present, shape, dtype code), "workspace_bytes": n}. `inputs`: (shape, dtype code) of lhs,
-// lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_input in the handler's argument order.
+// lhs_scale_inv, rhs, rhs_scale_inv, bias, gelu_input, global_amax in the handler's argument order.
 py::dict plan_gemm(const std::vector<std::pair<std::vector<int64_t>, int64_t>>& inputs, int64_t out_dtype,
                    const GemmAttrs& attrs, bool cuda) {
   const std::vector<te::ops::TensorView> v =
-      plan_views(inputs, 6, kGemmOp, "plan_gemm takes 6 inputs (lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, "
-                                     "gelu_input)");
+      plan_views(inputs, 7, kGemmOp, "plan_gemm takes 7 inputs (lhs, lhs_scale_inv, rhs, rhs_scale_inv, bias, "
+                                     "gelu_input, global_amax)");
   const te::ops::ExecCtx ctx = plan_ctx(cuda);
-  const te::ops::GemmRequest r = gemm_request({v[0], v[1], v[2], v[3], v[4], v[5]}, attrs, te::DType(out_dtype));
+  const te::ops::GemmRequest r =
+      gemm_request({v[0], v[1], v[2], v[3], v[4], v[5], v[6]}, attrs, te::DType(out_dtype));
   const te::ops::GemmPlan plan = te::ops::plan_gemm(r, ctx, gemm_plan_options(true));
   const auto dims = [](const te::ops::Shape& s) { return std::vector<int64_t>(s.dims, s.dims + s.ndim); };
   py::dict d;

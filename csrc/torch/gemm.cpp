@@ -61,7 +61,8 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
           const c10::optional<Tensor>& D_scale, const c10::optional<Tensor>& D_amax,
           const c10::optional<Tensor>& D_scale_inv, const c10::optional<Tensor>& workspace, int64_t workspace_size,
           bool gelu, bool grad, bool use_split_accumulator, double alpha, double beta, int64_t A_scaling,
-          int64_t B_scaling, const c10::optional<Tensor>& alpha_beta) {
+          int64_t B_scaling, const c10::optional<Tensor>& alpha_beta, const c10::optional<Tensor>& A_amax,
+          const c10::optional<Tensor>& B_amax) {
   with_torch_errors([&] {
     const Tensor& ref = A_in;
     const Tensor a = A_in.contiguous(), b = B_in.contiguous();
@@ -79,6 +80,8 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
     r.d_amax = buffer(D_amax, "output quantizer amax", ref);
     r.d_scale_inv = buffer(D_scale_inv, "output scale_inv", ref);
     r.alpha_beta = buffer(alpha_beta, "alpha_beta", ref);
+    r.a_amax = buffer(A_amax, "A_amax", ref);
+    r.b_amax = buffer(B_amax, "B_amax", ref);
     r.gelu = gelu;
     r.grad = grad;
     r.alpha = alpha;
@@ -105,6 +108,8 @@ void gemm(const Tensor& A_in, const c10::optional<Tensor>& A_scale_inv, int64_t 
     io.d_amax = fptr(D_amax);
     io.d_scale_inv = fptr(D_scale_inv);
     io.alpha_beta = fptr(alpha_beta);
+    io.a_amax = fptr(A_amax);
+    io.b_amax = fptr(B_amax);
     // Workspace (SPEC §6.1): uint8 on the operands' device holding at least workspace_size bytes.
     if (workspace.has_value() && workspace->numel() > 0) {
       const Tensor& w = *workspace;

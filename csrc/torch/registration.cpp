@@ -79,14 +79,15 @@ TORCH_LIBRARY(te, m) {
   // the caller's buffers. Operands are plain tensors or FP8 codes (uint8) with their scale_inv and DType code;
   // A_scaling/B_scaling name a quantized operand's scaling (te::GemmScaling: 1 per-tensor, 2 MXFP8, 3 NVFP4,
   // 4 FP8 block 1x128, 5 FP8 block 128x128; 0 = per-tensor when the operand is FP8). alpha_beta: device
-  // [alpha, beta] replacing the scalars (NVFP4 folds its global scales into alpha on the device). The FP8-output
-  // fields are the output quantizer's scale and amax and the output's scale_inv.
+  // [alpha, beta] replacing the scalars. A_amax/B_amax: NVFP4 copies' global amaxes (the core folds the global
+  // decode scales into alpha). The FP8-output fields are the output quantizer's scale and amax and the output's
+  // scale_inv.
   def_op(m, "gemm(Tensor A, Tensor? A_scale_inv, int A_dtype, bool transA, Tensor B, Tensor? B_scale_inv, "
             "int B_dtype, bool transB, Tensor(a!) D, int D_dtype, Tensor? bias=None, Tensor(b!)? bias_grad=None, "
             "Tensor(c!)? pre_gelu_out=None, Tensor? gelu_in=None, Tensor? D_scale=None, Tensor(d!)? D_amax=None, "
             "Tensor(e!)? D_scale_inv=None, Tensor? workspace=None, int workspace_size=0, bool gelu=False, "
             "bool grad=False, bool use_split_accumulator=False, float alpha=1., float beta=0., int A_scaling=0, "
-            "int B_scaling=0, Tensor? alpha_beta=None) -> ()");
+            "int B_scaling=0, Tensor? alpha_beta=None, Tensor? A_amax=None, Tensor? B_amax=None) -> ()");
   // Grouped GEMM with the group sizes on the device (csrc/core/ops/grouped_gemm_op.h): lhs [m_total, k], rhs
   // [groups, n, k] (rhs_kn: [groups, k, n]), group_sizes int32 [groups] -> out [m_total, n] of DType out_dtype. FP8
   // operands: codes with lhs_scale_inv [1] and rhs_scale_inv [groups]; use_split_accumulator=False: FastAccum.

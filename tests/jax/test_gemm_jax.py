@@ -374,51 +374,50 @@ def test_fp8_block_on_the_cpu(dims):
     same_bytes(out, want_tex, f"FP8 block {dims} on the CPU")
 
 
-def test_nvfp4_not_yet_through_tej():
-    x = jnp.zeros((128, 128), jnp.bfloat16)
-    qn = tej.quantize(x, tej.QuantizerFactory.create(scaling_mode=SM.NVFP4_1D_SCALING))
-    with pytest.raises(NotImplementedError, match=r"not yet supported: lhs ScaledTensor\(128, 128\) "
-                                                  r"NVFP4_1D_SCALING.*sm_90"):
-        trace(lambda a, b: tej.gemm(a, b, ((1,), (1,))), qn, qn)
+_BLOCK_MODES = {"mxfp8": SM.MXFP8_1D_SCALING, "nvfp4": SM.NVFP4_1D_SCALING}
 
 
-def mxfp8_case(layout, device):
-    """(tej's MXFP8 GEMM, tex's of the same quantized values, the float64 product of the decoded copies each GEMM
-    reads) in `layout` on `device`: lhs and rhs quantized by both frontends (the same bytes, test_parity_torch)."""
+def block_case(fmt, layout, device):
+    """(tej's MXFP8 / NVFP4 GEMM, tex's of the same quantized values, the float64 product of the decoded copies each
+    GEMM reads) in `layout` on `device`: lhs and rhs quantized by both frontends (the same bytes, test_parity_torch)."""
     dims = LAYOUTS[layout]
     lhs, rhs = operands(layout, 96, 64, 160, jnp.bfloat16, 30)
     put = (lambda a: jax.device_put(a, _gpu())) if device == "cuda" else (lambda a: a)
-    q = quantizer(SM.MXFP8_1D_SCALING)
+    q = quantizer(_BLOCK_MODES[fmt])
     ql, qr = tej.quantize(put(lhs), q), tej.quantize(put(rhs), q)
     out = jax.jit(lambda a, b: tej.gemm(a, b, dims))(ql, qr)
     # the copy each operand's contraction reads: rowwise over its last dim, colwise over its first
     dl = (ql if dims[0] == (1,) else ql.get_colwise_tensor()).dequantize(jnp.float32)
     dr = (qr if dims[1] == (1,) else qr.get_colwise_tensor()).dequantize(jnp.float32)
-    tq = tex.MXFP8Quantizer(tex.DType.kFloat8E4M3)
+    tq = tex.MXFP8Quantizer(tex.DType.kFloat8E4M3) if fmt == "mxfp8" else tex.NVFP4Quantizer()
     tl, tr = tex.quantize(to_torch(lhs).to(device), tq), tex.quantize(to_torch(rhs).to(device), tq)
     want_tex = tex_gemm(tl, tr, layout, device, out_dtype=torch.bfloat16)[0]
     return out, want_tex, ref(dl, dr, dims)
 
 
-@pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
-def test_mxfp8_on_the_cpu(layout):
-    """MXFP8 through tej.gemm on the CPU: the core's CPU kernel decodes each element exactly (fl(code · 2^(e-127)),
-    GEMM-swizzled scales) and accumulates in FP64 — within half a bf16 ulp of the float64 product of the decoded
-    copies; the same bytes as tex on the CPU (which dequantizes exactly to FP32 into the same FP64 kernel)."""
-    out, want_tex, want = mxfp8_case(layout, "cpu")
+@pytest.mark.parametrize("fmt,layout", [("mxfp8", "TN"), ("mxfp8", "NN"), ("mxfp8", "NT"), ("nvfp4", "TN"),
+                                        ("nvfp4", "NT")])
+def test_block_formats_on_the_cpu(fmt, layout):
+    """MXFP8 / NVFP4 through tej.gemm on the CPU: the core's CPU kernel decodes each element exactly (MXFP8
+    fl(code · 2^(e-127)); NVFP4 fl(e2m1 · sf) with both global decode scales folded into alpha', SPEC §6.7; GEMM-swizzled
+    scales) and accumulates in FP64 — within half a bf16 ulp (and alpha's FP32 rounding) of the float64 product of the
+    dequantized copies; the same bytes as tex on the CPU."""
+    out, want_tex, want = block_case(fmt, layout, "cpu")
     assert out.shape == want.shape == (96, 160)
     np.testing.assert_allclose(np.asarray(jnp.asarray(out, jnp.float32), F64), want, rtol=2.0 ** -8, atol=1e-30)
     assert not np.allclose(np.asarray(jnp.asarray(out, jnp.float32), F64), -want, rtol=1e-2), "a wrong answer passes"
-    same_bytes(out, want_tex, f"MXFP8 {layout} on the CPU")
+    same_bytes(out, want_tex, f"{fmt} {layout} on the CPU")
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("layout", ["TN", "NN", "NT"])
-def test_mxfp8_cuda(layout):
-    """MXFP8 through tej.gemm on the GPU (sm_90: the core decodes each operand once to bf16, then the bf16 GEMM;
-    sm_100: native): within the FP32-accumulation rule of the float64 product, and the same bytes as tex."""
-    out, want_tex, want = mxfp8_case(layout, "cuda")
+@pytest.mark.parametrize("fmt,layout", [("mxfp8", "TN"), ("mxfp8", "NN"), ("mxfp8", "NT"), ("nvfp4", "TN"),
+                                        ("nvfp4", "NN"), ("nvfp4", "NT")])
+def test_block_formats_cuda(fmt, layout):
+    """MXFP8 / NVFP4 through tej.gemm on the GPU (sm_90: the core decodes each operand once to bf16, then the bf16
+    GEMM, NVFP4's global scales in the device alpha'; sm_100: native): within the FP32-accumulation rule of the
+    float64 product, and the same bytes as tex."""
+    out, want_tex, want = block_case(fmt, layout, "cuda")
     mag = np.abs(want).max()
     np.testing.assert_allclose(np.asarray(jnp.asarray(out, jnp.float32), F64), want, rtol=2.0 ** -7,
                                atol=2.0 ** -16 * mag)
-    same_bytes(out, want_tex, f"MXFP8 {layout} on CUDA")
+    same_bytes(out, want_tex, f"{fmt} {layout} on CUDA")

@@ -645,7 +645,7 @@ def test_cuda_fp8_block_native(tex, monkeypatch, layout, dims, mnk):
 
     seen = []
     real = G.call
-    monkeypatch.setattr(G, "call", lambda op, args, *k: (seen.append(args[-3:-1]), real(op, args, *k))[1])
+    monkeypatch.setattr(G, "call", lambda op, args, *k: (seen.append(args[-5:-3]), real(op, args, *k))[1])
     out = cpu(tex.general_gemm(A, B, layout=layout, out_dtype=torch.float32)[0]).to(F64)
     assert seen == [(3 + dims[0], 3 + dims[1])], "the op did not get the block codes with their scaling modes"
     assert out.shape == (n, m)
@@ -688,8 +688,8 @@ def _decode_native(data, scale, code, scaling, k_cols):
 def test_native_mx_nvfp4_operands(tex, layout, fmt, swizzled):
     """SPEC §6.6 (sm_100+, no such GPU here): what the native MXFP8 / NVFP4 path hands to cuBLASLt - the picked
     copies' codes, GEMM-swizzled scales, the kernel flags (MXFP8 keeps the layout, NVFP4 runs as TN) and NVFP4's
-    device alpha' = alpha·amax_A·amax_B/(6·6·448·448) - decodes to alpha times the float64 product of the copies
-    SPEC §6.4 picks."""
+    global amaxes (the core's alpha' = alpha·amax_A·amax_B/(6·6·448·448)) - decodes to alpha times the float64
+    product of the copies SPEC §6.4 picks."""
     from transformer_engine_torch import gemm as G
 
     ta, tb = layout[0] == "T", layout[1] == "T"
@@ -698,13 +698,12 @@ def test_native_mx_nvfp4_operands(tex, layout, fmt, swizzled):
     q.optimize_for_gemm = swizzled
     A, B = tex.quantize(rnd(sa, torch.bfloat16, "cpu", 250), q), tex.quantize(rnd(sb, torch.bfloat16, "cpu", 251), q)
     copies = G._block_copies(A, ta, B, tb, layout)
-    (a, sca, ca, ka, ma), (b, scb, cb, kb, mb), ab = G._native_operands(copies, ta, tb, 1.5, 0.25)
+    (a, sca, ca, ka, ma), (b, scb, cb, kb, mb), amaxes = G._native_operands(copies, ta, tb)
     if fmt == "nvfp4":
         assert (ka, kb, ma, mb, ca, cb) == (True, False, 3, 3, 10, 10)
-        alpha = ab[0].item()
-        assert ab[1].item() == 0.25
+        alpha = 1.5 * amaxes[0].double().item() * amaxes[1].double().item() / (6.0 * 6.0 * 448.0 * 448.0)
     else:
-        assert (ka, kb, ma, mb) == (ta, tb, 2, 2) and ab is None
+        assert (ka, kb, ma, mb) == (ta, tb, 2, 2) and amaxes == (None, None)
         alpha = 1.5
     dec_a = _decode_native(a, sca, ca, ma, ka if fmt == "mxfp8" else True)
     dec_b = _decode_native(b, scb, cb, mb, (not kb) if fmt == "mxfp8" else True)
@@ -970,3 +969,31 @@ def test_cuda_block_decode_gemm(tex, layout, fmt):
         b64 = copy_bf16(B, False).to(F64).cpu()
         assert ((cpu(db).to(F64) - b64.sum(0)).abs() <= 2.0 ** -7 * b64.abs().sum(0) + 1e-2).all()
         assert ((cpu(dw).to(F64) - want).abs() <= 2.0 ** -16 * mag + 2.0 ** -8 * want.abs() + 1e-30).all()
+
+
+def test_nvfp4_raw_op_needs_amaxes(tex):
+    """The core's rule for the raw te::gemm op: NVFP4 operands need both copies' global amaxes (float32 [1]) and take
+    alpha as a number (the core folds the global decode scales into it); a clear ValueError, nothing written."""
+    from transformer_engine_torch import gemm as G
+
+    q = tex.NVFP4Quantizer()
+    A = tex.quantize(rnd((32, 64), torch.bfloat16, "cpu", 260), q)
+    B = tex.quantize(rnd((16, 64), torch.bfloat16, "cpu", 261), q)
+    (a, sa, ca, ta, ma), (b, sb, cb, tb, mb), (amax_a, amax_b) = G._native_operands(
+        G._block_copies(A, True, B, False, "TN"), True, False)
+    d = torch.full((16, 32), 7.0)
+
+    def call(alpha_beta=None, a_amax=None, b_amax=None):
+        torch.ops.te.gemm(a, sa, ca, ta, b, sb, cb, tb, d, int(tex.DType.kFloat32), A_scaling=ma, B_scaling=mb,
+                          alpha_beta=alpha_beta, A_amax=a_amax, B_amax=b_amax)
+
+    with pytest.raises(ValueError, match=r"NVFP4 operands need both copies' global amaxes.*A \[32, 32\] E2M1"):
+        call(a_amax=amax_a)
+    with pytest.raises(ValueError, match=r"B's global amax must be a one-element float32 tensor, got BFloat16"):
+        call(a_amax=amax_a, b_amax=amax_b.bfloat16())
+    with pytest.raises(ValueError, match=r"fold the global decode scales into alpha themselves"):
+        call(torch.tensor([1.0, 0.0]), amax_a, amax_b)
+    assert bool((d == 7.0).all()), "a refused call wrote D"
+    call(a_amax=amax_a, b_amax=amax_b)
+    want = A.dequantize(torch.float32).double() @ B.dequantize(torch.float32).double().t()
+    assert torch.allclose(d.t().double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())

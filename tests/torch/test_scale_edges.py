@@ -349,24 +349,47 @@ def test_nvfp4_decode_factor_rule():
     assert bool(torch.isfinite(top).all())
 
 
-def test_nvfp4_gemm_alpha():
-    """The native GEMM's alpha': TE's bits where finite and regular; the overflow-safe product elsewhere."""
-    from transformer_engine_torch.gemm import _NVFP4_GLOBAL, nvfp4_gemm_alpha
-    t = lambda v: torch.tensor([v], dtype=F32)  # noqa: E731
-    te = lambda a, b, al: (t(a) * t(b)) * (al * _NVFP4_GLOBAL)  # noqa: E731
-    assert bits_equal(nvfp4_gemm_alpha(t(3.0), t(5.0), 1.5), te(3.0, 5.0, 1.5))
-    assert bits_equal(nvfp4_gemm_alpha(t(0.0), t(5.0), 1.0), te(0.0, 5.0, 1.0))
-    # amax_A * amax_B overflows FP32 although alpha' does not
-    assert not bool(torch.isfinite(te(3e20, 3e20, 1.0)).all())
-    want = float(torch.tensor(3e20, dtype=F32).double() ** 2 / 2688.0 ** 2)
-    got = float(nvfp4_gemm_alpha(t(3e20), t(3e20), 1.0)[0])
-    assert math.isfinite(got) and abs(got - want) <= 1e-6 * want
-    # amax Inf: S_dec = 1 for that operand (TE: Inf)
-    got = float(nvfp4_gemm_alpha(t(math.inf), t(2688.0), 2.0)[0])
-    assert got == 2.0 and not math.isfinite(float(te(math.inf, 2688.0, 2.0)[0]))
-    # S_enc clamped to FLT_MAX (amax 1e-37): S_dec = 2^-128, not amax / 2688
-    got = float(nvfp4_gemm_alpha(t(1e-37), t(2688.0), 1.0)[0])
-    assert got == float(torch.tensor(2.0 ** -128, dtype=F32))
+def _alpha_ref(amax_a, amax_b, alpha):
+    """alpha' of SPEC §6.7 spelled out in numpy: TE's fl(fl(amax_a * amax_b) * fl(alpha / (6*6*448*448))) where that
+    is finite and both amaxes are regular (fl(2688 / amax) finite and > 0) or 0; else fl(alpha * g_a * g_b) from
+    float64 with g = amax / 2688 (regular) or S_dec = fl(1 / S_enc) (S_enc = min(fl(2688 / amax), FLT_MAX), 1 for
+    amax 0 or Inf)."""
+    import numpy as np
+    f = np.float32
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        te = f(f(amax_a) * f(amax_b)) * f(alpha / (6.0 * 6.0 * 448.0 * 448.0))
+        g, keep = [], bool(np.isfinite(te))
+        for a in (f(amax_a), f(amax_b)):
+            s_enc = f(2688.0) / a
+            regular = bool(a > 0 and np.isfinite(s_enc) and s_enc > 0)
+            keep = keep and (regular or a == 0)
+            s_enc = f(1.0) if (a == 0 or s_enc == 0) else min(s_enc, f(np.finfo(np.float32).max))
+            g.append(float(a) / 2688.0 if regular else float(f(1.0) / s_enc))
+    return float(te) if keep else float(f(g[0] * g[1] * alpha))
+
+
+@pytest.mark.parametrize("amaxes,alpha", [((3.0, 5.0), 1.5), ((0.0, 5.0), 1.0), ((3e20, 3e20), 1e-10),
+                                          ((math.inf, 2688.0), 2.0), ((1e-37, 2688.0), 1.0)],
+                         ids=["regular", "zero", "product-overflows", "amax-inf", "s_enc-clamped"])
+def test_nvfp4_gemm_alpha(amaxes, alpha):
+    """The core's NVFP4 alpha' (the global decode scales folded into alpha, SPEC §6.7) through the CPU GEMM: copies of
+    ones (every code 6 with block scale 448, so each product of the decoded blocks is 2688^2 and K of them sum exactly
+    to 32 * 2688^2) with their amaxes overwritten; the output is fl(alpha' * acc) exactly. TE's bits where finite and
+    regular, the overflow-safe product elsewhere (amax Inf: S_dec 1; clamped S_enc: 2^-128)."""
+    import numpy as np
+    tex = tex_module()
+    q = tex.NVFP4Quantizer()
+    x = tex.quantize(torch.ones(16, 32, dtype=torch.bfloat16), q)
+    w = tex.quantize(torch.ones(16, 32, dtype=torch.bfloat16), q)
+    x._amax_rowwise.fill_(amaxes[1])
+    w._amax_rowwise.fill_(amaxes[0])
+    out = tex.general_gemm(w, x, out_dtype=torch.float32, alpha=alpha)[0]
+    acc = np.float32(32 * 2688.0 ** 2)
+    want = np.float32(np.float32(_alpha_ref(*amaxes, alpha)) * acc)
+    assert out.shape == (16, 16)
+    assert math.isfinite(float(want)) and bits_equal(out, torch.full((16, 16), float(want)))
+    if amaxes[0] == math.inf:
+        assert math.isfinite(float(want)) and float(want) == float(np.float32(2.0 * acc))
 
 
 # ------------------------------------------------------------------------------------------------

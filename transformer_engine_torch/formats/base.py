@@ -228,6 +228,8 @@ class QuantizedTensor:
     native_gemm = None  # block formats: NativeGemm, where cuBLASLt runs it natively (emulated elsewhere)
     gemm_core_decodes = False  # CUDA: the core's GEMM op takes the operands on every arch (decoding them to bf16
     # where there is no native kernel, SPEC §6.7) instead of this package dequantizing them
+    gemm_core_cpu = False  # CPU: the core's CPU kernel takes the operands (the bytes tej's GEMM gives) instead of
+    # this package dequantizing them
 
     @property
     def device(self) -> torch.device:

@@ -116,7 +116,7 @@ class NVFP4Tensor(_TwoCopyTensor):
 
     gemm_format, gemm_k_multiple = "NVFP4", 32
     native_gemm = NativeGemm(((10, None), (11, None)), 120800)
-    gemm_core_decodes = True
+    gemm_core_decodes = gemm_core_cpu = True
     gemm_native_out_dtypes = (torch.bfloat16, torch.float32)  # cuBLASLt's NVFP4 GEMM writes bf16 or fp32 only
 
     _BUFFERS = ("_rowwise_data", "_columnwise_data", "_amax_rowwise", "_amax_columnwise")

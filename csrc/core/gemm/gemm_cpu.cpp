@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "../formats/mxfp8/mxfp8.h"
+#include "../formats/nvfp4/quantize_nvfp4.h"
 #include "gemm_epilogue.h"
 
 namespace te {
@@ -75,13 +76,16 @@ std::vector<float> decode_k_contiguous(const GemmOperand& x, bool k_major, int64
   std::vector<float> out(size_t(outer) * size_t(k));
   const bool block = x.scaling == GemmScaling::kFp8Block1d || x.scaling == GemmScaling::kFp8Block2d;
   const bool mx = x.scaling == GemmScaling::kMxfp8;  // exact: fl(code · 2^(e - 127)), the swizzled scales
+  const bool nv = x.scaling == GemmScaling::kNvfp4;  // exact: fl(e2m1 · sf); the global factors are in alpha
   const float s = (x.scaling == GemmScaling::kFp8PerTensor) ? *static_cast<const float*>(x.scale_inv) : 1.0f;
   pf(outer, [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o)
       for (int64_t j = 0; j < k; ++j) {
         const int64_t r = k_major ? o : j, c = k_major ? j : o;  // the stored element
         out[size_t(o) * k + j] =
-            mx ? mx_gemm_decode(static_cast<const uint8_t*>(x.data), static_cast<const uint8_t*>(x.scale_inv), r, c,
+            nv ? nv_gemm_decode(static_cast<const uint8_t*>(x.data), static_cast<const uint8_t*>(x.scale_inv), r, c,
+                                x.cols)
+            : mx ? mx_gemm_decode(static_cast<const uint8_t*>(x.data), static_cast<const uint8_t*>(x.scale_inv), r, c,
                                 x.rows, x.cols, k_major, x.dtype == DType::kFloat8E4M3)
                : load(x.data, r * x.cols + c, x.dtype, block ? block_scale_inv(x, r, c) : s);
       }
@@ -92,11 +96,6 @@ std::vector<float> decode_k_contiguous(const GemmOperand& x, bool k_major, int64
 }  // namespace
 
 void gemm_cpu(const GemmArgs& g, const ParallelFor& pf) {
-  for (const GemmOperand* op : {&g.a, &g.b}) {
-    if (op->scaling == GemmScaling::kNvfp4)
-      core_fail(std::string("gemm_cpu: operands scaled as ") + gemm_scaling_name(op->scaling) +
-                " are not supported yet; dequantize them to bf16 first");
-  }
   const GemmDims dm = gemm_dims(g);
   const int64_t m = dm.m, n = dm.n, k = dm.k;
   const std::vector<float> at = decode_k_contiguous(g.a, g.a.trans, m, k, pf);    // [m, k]

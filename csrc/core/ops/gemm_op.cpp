@@ -193,9 +193,17 @@ void check_scaled(const Checker& c, const GemmRequest& r, const GemmArgs& g, con
   if (g.a.scaling == GemmScaling::kNvfp4 && out != DType::kFloat32 && out != DType::kBFloat16) {
     fail(ErrorKind::kValue, msg(op, ": NVFP4 GEMMs write bf16 or fp32, got ", dtype_short_name(out), " (", operands, ")"));
   }
-  if (g.a.scaling == GemmScaling::kNvfp4 && !c.ctx.cuda) {
-    fail(ErrorKind::kNotImplemented, msg(op, ": not yet supported: ", fmt, " operands in the CPU kernel (", operands,
-                                         "); general_gemm dequantizes them exactly on the CPU"));
+  if (g.a.scaling == GemmScaling::kNvfp4) {
+    if (!r.a_amax.present || !r.b_amax.present) {
+      fail(ErrorKind::kValue, msg(op, ": NVFP4 operands need both copies' global amaxes (a_amax and b_amax, float32 "
+                                      "[1]) for their global decode scales (", operands, ")"));
+    }
+    check_scalar_f32(op, "A's global amax", r.a_amax);
+    check_scalar_f32(op, "B's global amax", r.b_amax);
+    if (r.alpha_beta.present) {
+      fail(ErrorKind::kValue, msg(op, ": NVFP4 GEMMs fold the global decode scales into alpha themselves; pass alpha "
+                                      "and beta as numbers, not alpha_beta (", operands, ")"));
+    }
   }
 }
 
@@ -385,6 +393,10 @@ GemmPlan plan_gemm(const GemmRequest& r, const ExecCtx& ctx, GemmPlanOptions opt
     pl.fallback_offset = off;
     off += pl.fallback_bytes;
   }
+  if (ctx.cuda && g.a.scaling == GemmScaling::kNvfp4) {
+    pl.alpha_offset = off;
+    off += kWorkspaceAlign;
+  }
   if (pl.decode_block) {
     pl.a_decode_offset = off;
     off += gemm_decode_bytes(g.a.rows, g.a.cols);
@@ -419,6 +431,7 @@ GemmArgs args_of(const GemmPlan& pl, const GemmIO& io) {
 }
 
 void run_cpu(const GemmPlan& pl, GemmArgs g, const GemmIO& io, const ExecCtx& ctx) {
+  if (g.a.scaling == GemmScaling::kNvfp4) g.alpha = nvfp4_gemm_alpha(*io.a_amax, *io.b_amax, pl.req.alpha);
   float amax = 0.0f;  // FP8 D: the fresh amax, max-merged into the quantizer's below (SPEC §6.3)
   if (pl.fp8_out) g.d_amax = &amax;
   gemm_cpu(g, *ctx.parallel_for);
@@ -497,9 +510,14 @@ void run_cuda(const GemmPlan& pl, GemmArgs g, const GemmIO& io, const ExecCtx& c
     g.workspace = io.lt_workspace;
     g.workspace_bytes = size_t(io.lt_workspace_bytes);
   }
+  if (pl.alpha_offset >= 0) {  // NVFP4: [alpha', beta] on the device, from the amaxes
+    float* alpha_beta = reinterpret_cast<float*>(ws + pl.alpha_offset);
+    nvfp4_gemm_alpha_cuda(io.a_amax, io.b_amax, pl.req.alpha, float(pl.req.beta), alpha_beta, s);
+    g.alpha_beta = alpha_beta;
+  }
   if (pl.decode_block) {
     // SPEC §6.7 on sm_90: each operand decoded once to bf16 (same stored layout), then the bf16 GEMM; NVFP4's
-    // global factors are in the device alpha the frontend passed.
+    // global factors are in the device alpha'.
     const auto decode = [&](GemmOperand& x, int64_t offset, bool k_cols) {
       void* out = ws + offset;
       const auto* codes = static_cast<const uint8_t*>(x.data);

@@ -47,6 +47,9 @@ struct GemmRequest {
   GemmBuffer bias, bias_grad, pre_gelu_out, gelu_in;
   GemmBuffer d_scale, d_amax, d_scale_inv;      // FP8 D: the quantizer's scale and amax [1], D's scale_inv [1]
   GemmBuffer alpha_beta;                        // device float32 [alpha, beta] replacing the scalars (CUDA only)
+  // NVFP4 operands: the global amax of each operand's copy (float32 [1], on the operands' device). The core folds
+  // both global decode scales into alpha (nvfp4_gemm_alpha, SPEC §6.7) on the stream; alpha_beta is not taken.
+  GemmBuffer a_amax, b_amax;
   bool gelu = false, grad = false;
   double alpha = 1.0, beta = 0.0;
   bool use_split_accumulator = false;           // FP8 per-tensor: fast accumulation = !use_split_accumulator
@@ -94,12 +97,13 @@ struct GemmPlan {
   int64_t amax_offset = -1;        // float [1]: FP8 D's fresh amax, max-merged into d_amax afterwards
   int64_t fallback_offset = -1;    // the unfused epilogue's scratch (fallback_bytes), when reserved
   int64_t lt_offset = -1;          // cuBLASLt's workspace (kLtWorkspaceBytes), when reserved
+  int64_t alpha_offset = -1;       // float [2]: NVFP4's device [alpha', beta] (CUDA)
   // The unfused epilogue's scratch: [alpha, 0] device scalars (kWorkspaceAlign bytes), then the FP32 accumulator
   // [n, m]. 0 when the call cannot take that path (CPU; no epilogue and k > 0).
   int64_t fallback_bytes = 0;
   // MXFP8 / NVFP4 operands on a GPU without their native GEMM (sm_90, SPEC §6.7): each operand is decoded once into
   // a bf16 [rows, cols] matrix at these offsets (-1: not decoded), then the bf16 GEMM runs with the same layout (and
-  // NVFP4's global factors in the device alpha). decode_block says the plan takes this path.
+  // NVFP4's global factors in the device alpha'). decode_block says the plan takes this path.
   bool decode_block = false;
   int64_t a_decode_offset = -1;
   int64_t b_decode_offset = -1;
@@ -129,6 +133,8 @@ struct GemmIO {
   float* d_amax = nullptr;
   float* d_scale_inv = nullptr;
   const float* alpha_beta = nullptr;
+  const float* a_amax = nullptr;    // NVFP4: the operands' global amaxes
+  const float* b_amax = nullptr;
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
   void* lt_workspace = nullptr;     // when the plan reserves none

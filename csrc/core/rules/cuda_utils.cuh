@@ -184,6 +184,34 @@ template <int kPending> __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// Two FP8 codes (the low byte is element 0) as floats, exactly (every E4M3 / E5M2 value is an f16): one hardware
+// conversion to f16x2 on sm_89+, the bit rule elsewhere. The decoders' inner loop (formats/*/decode_*_cuda.cu).
+template <bool kE4M3> __device__ __forceinline__ void fp8x2_to_float2(uint32_t two, float& lo, float& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t h2;
+  const uint16_t in = uint16_t(two);
+  if constexpr (kE4M3) {
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+  } else {
+    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(in));
+  }
+  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(h2));
+#else
+  lo = fp8_to_float(uint8_t(two), kE4M3);
+  hi = fp8_to_float(uint8_t(two >> 8), kE4M3);
+#endif
+}
+// Two floats as bf16x2 (round to nearest even, no flush; lo in the low half): one cvt on sm_80+.
+__device__ __forceinline__ uint32_t float2_to_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t out;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+#else
+  return uint32_t(from_float<bf16_t>(lo).bits) | (uint32_t(from_float<bf16_t>(hi).bits) << 16);
+#endif
+}
+
 // The amax of a block of kLanes consecutive lanes x 8 values (v already rounded to the input dtype, rnd_in of
 // SPEC §5.1). The lanes of a block are all active or all idle together; kFull: the whole warp is (a full-mask
 // shuffle, no mask computed per call).

@@ -9,61 +9,108 @@
 namespace te {
 namespace {
 
-constexpr int kChunk = 16;  // codes a thread decodes: 16 bytes in, 32 bytes of bf16 out
+constexpr int kThreads = 256;
+constexpr int kChunk = 16;     // rowwise copy: codes a thread decodes per step (16 bytes in, 32 bytes of bf16 out)
+constexpr int kQuad = 4;       // columnwise copy: columns a thread decodes, down one 32-row block
 
-TE_HD uint32_t pack_bf16x2(float lo, float hi) {
-  return uint32_t(from_float<bf16_t>(lo).bits) | (uint32_t(from_float<bf16_t>(hi).bits) << 16);
+using act_cuda::float2_to_bf16x2;
+using act_cuda::fp8x2_to_float2;
+
+// Four codes (one 32-bit word, element 0 in the low byte) times their scales as two bf16x2 words.
+template <bool kE4M3> __device__ __forceinline__ uint2 decode4(uint32_t w, float s0, float s1, float s2, float s3) {
+  float a, b, c, d;
+  fp8x2_to_float2<kE4M3>(w, a, b);
+  fp8x2_to_float2<kE4M3>(w >> 16, c, d);
+  return make_uint2(float2_to_bf16x2(a * s0, b * s1), float2_to_bf16x2(c * s2, d * s3));
 }
 
-// kVec: cols % 16 == 0 and 16-byte aligned codes; one 16-code chunk of one row a thread.
-template <bool kVec>
-__global__ void decode_mxfp8_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
-                                    int64_t rows, int64_t cols, bool k_cols, bool e4m3, bf16_t* __restrict__ out) {
-  const int64_t chunks_per_row = (cols + kChunk - 1) / kChunk;
-  const int64_t total = rows * chunks_per_row;
-  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = t / chunks_per_row, c0 = (t % chunks_per_row) * kChunk;
-    if constexpr (kVec) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(codes + r * cols + c0);
-      const uint8_t* b = reinterpret_cast<const uint8_t*>(&raw);
-      float s[kChunk];
-      if (k_cols) {
-        const float f = e8m0_to_float(scales[mx_row_scale_offset(r, c0 / kMxBlock, cols, true)]);
+// The rowwise copy (blocks along cols; cols % 16 == 0, 16-byte aligned): one 16-code chunk a thread over a grid of
+// every chunk (many small independent loads in flight: measured faster than fewer threads looping), one scale per
+// chunk (a chunk lies in one 32-block).
+template <bool kE4M3>
+__global__ void __launch_bounds__(kThreads) decode_rows_kernel(const uint8_t* __restrict__ codes,
+                                                               const uint8_t* __restrict__ scales, int64_t rows,
+                                                               int64_t cols, bf16_t* __restrict__ out) {
+  const int64_t chunks = cols / kChunk, total = rows * chunks;
+  const int64_t cpad = roundup(ceil_div(cols, kMxBlock), 4);
+  for (int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x; t < total; t += int64_t(gridDim.x) * kThreads) {
+    const int64_t r = t / chunks, ch = t % chunks;
+    uint4 raw;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(raw.x), "=r"(raw.y), "=r"(raw.z), "=r"(raw.w)
+        : "l"(codes + t * kChunk));
+    const float f = e8m0_to_float(__ldg(scales + swizzled_scale_offset(r, ch / (kMxBlock / kChunk), cpad)));
+    const uint2 o0 = decode4<kE4M3>(raw.x, f, f, f, f), o1 = decode4<kE4M3>(raw.y, f, f, f, f);
+    const uint2 o2 = decode4<kE4M3>(raw.z, f, f, f, f), o3 = decode4<kE4M3>(raw.w, f, f, f, f);
+    uint4* o = reinterpret_cast<uint4*>(out + t * kChunk);
+    o[0] = make_uint4(o0.x, o0.y, o1.x, o1.y);
+    o[1] = make_uint4(o2.x, o2.y, o3.x, o3.y);
+  }
+}
+
+// The columnwise copy (blocks along rows; rows % 32 == 0, cols % 4 == 0, 4-byte aligned): one thread a 4-column
+// quad of one 32-row block: its four scales loaded once, then 32 rows of one 32-bit load and one 64-bit store each
+// (a warp covers 128 consecutive columns: coalesced rows).
+template <bool kE4M3>
+__global__ void __launch_bounds__(kThreads) decode_cols_kernel(const uint8_t* __restrict__ codes,
+                                                               const uint8_t* __restrict__ scales, int64_t rows,
+                                                               int64_t cols, bf16_t* __restrict__ out) {
+  const int64_t quads = cols / kQuad, items = (rows / kMxBlock) * quads;
+  const int64_t cpad = roundup(ceil_div(rows, kMxBlock), 4);
+  for (int64_t t = int64_t(blockIdx.x) * kThreads + threadIdx.x; t < items; t += int64_t(gridDim.x) * kThreads) {
+    const int64_t i = t / quads, c0 = (t % quads) * kQuad;
+    float s[kQuad];
 #pragma unroll
-        for (int i = 0; i < kChunk; ++i) s[i] = f;
-      } else {
-#pragma unroll
-        for (int i = 0; i < kChunk; ++i) s[i] = e8m0_to_float(scales[mx_col_scale_offset(r / kMxBlock, c0 + i, rows, cols, true)]);
-      }
-      uint32_t w[kChunk / 2];
-#pragma unroll
-      for (int i = 0; i < kChunk / 2; ++i)
-        w[i] = pack_bf16x2(fp8_to_float(b[2 * i], e4m3) * s[2 * i], fp8_to_float(b[2 * i + 1], e4m3) * s[2 * i + 1]);
-      uint4* o = reinterpret_cast<uint4*>(out + r * cols + c0);
-      o[0] = make_uint4(w[0], w[1], w[2], w[3]);
-      o[1] = make_uint4(w[4], w[5], w[6], w[7]);
-    } else {
-      for (int64_t c = c0; c < c0 + kChunk && c < cols; ++c)
-        out[r * cols + c] = from_float<bf16_t>(mx_gemm_decode(codes, scales, r, c, rows, cols, k_cols, e4m3));
+    for (int j = 0; j < kQuad; ++j) s[j] = e8m0_to_float(__ldg(scales + swizzled_scale_offset(c0 + j, i, cpad)));
+    const uint8_t* in = codes + i * kMxBlock * cols + c0;
+    bf16_t* o = out + i * kMxBlock * cols + c0;
+#pragma unroll 8
+    for (int rr = 0; rr < kMxBlock; ++rr) {
+      uint32_t w;
+      asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(w) : "l"(in + rr * cols));
+      *reinterpret_cast<uint2*>(o + rr * cols) = decode4<kE4M3>(w, s[0], s[1], s[2], s[3]);
     }
   }
+}
+
+// Any shape or alignment: one element a thread (mx_gemm_decode, the CPU kernel's rule).
+__global__ void decode_any_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales, int64_t rows,
+                                  int64_t cols, bool k_cols, bool e4m3, bf16_t* __restrict__ out) {
+  const int64_t n = rows * cols;
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < n; t += int64_t(gridDim.x) * blockDim.x) {
+    out[t] = from_float<bf16_t>(mx_gemm_decode(codes, scales, t / cols, t % cols, rows, cols, k_cols, e4m3));
+  }
+}
+
+// One block per kThreads work items, at most 2^20 blocks (the kernels stride over the rest).
+unsigned grid_for(int64_t work_items) {
+  return unsigned(std::max<int64_t>(1, std::min<int64_t>((work_items + kThreads - 1) / kThreads, int64_t(1) << 20)));
 }
 
 }  // namespace
 
 void decode_mxfp8_gemm_operand_cuda(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
                                     bool k_cols, bool e4m3, void* out, cudaStream_t stream) {
-  const int64_t chunks = rows * ((cols + kChunk - 1) / kChunk);
-  if (chunks == 0) return;
-  constexpr int kThreads = 256;
-  const int64_t blocks = std::min<int64_t>((chunks + kThreads - 1) / kThreads, int64_t(1) << 20);
+  if (rows == 0 || cols == 0) return;
   bf16_t* o = static_cast<bf16_t*>(out);
-  const bool vec = cols % kChunk == 0 && reinterpret_cast<uintptr_t>(codes) % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  if (vec) {
-    decode_mxfp8_kernel<true><<<unsigned(blocks), kThreads, 0, stream>>>(codes, scales, rows, cols, k_cols, e4m3, o);
+  const auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
+  if (k_cols && cols % kChunk == 0 && aligned(codes, 16) && aligned(out, 16)) {
+    const unsigned grid = grid_for(rows * (cols / kChunk));
+    if (e4m3) {
+      decode_rows_kernel<true><<<grid, kThreads, 0, stream>>>(codes, scales, rows, cols, o);
+    } else {
+      decode_rows_kernel<false><<<grid, kThreads, 0, stream>>>(codes, scales, rows, cols, o);
+    }
+  } else if (!k_cols && rows % kMxBlock == 0 && cols % kQuad == 0 && aligned(codes, 4) && aligned(out, 8)) {
+    const unsigned grid = grid_for((rows / kMxBlock) * (cols / kQuad));
+    if (e4m3) {
+      decode_cols_kernel<true><<<grid, kThreads, 0, stream>>>(codes, scales, rows, cols, o);
+    } else {
+      decode_cols_kernel<false><<<grid, kThreads, 0, stream>>>(codes, scales, rows, cols, o);
+    }
   } else {
-    decode_mxfp8_kernel<false><<<unsigned(blocks), kThreads, 0, stream>>>(codes, scales, rows, cols, k_cols, e4m3, o);
+    decode_any_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(codes, scales, rows, cols, k_cols,
+                                                                                e4m3, o);
   }
   act_cuda::check_launch("MXFP8 GEMM operand decode");
 }

@@ -142,6 +142,31 @@ TE_HD float nvfp4_block_multiplier(uint8_t sf, float s_dec) {
   return e > kFloatMax ? kFloatMax : e;
 }
 
+// The GEMM's alpha' with both operands' global decode scales folded in (SPEC §6.7), from their copies' global
+// amaxes: TE's fl(fl(amax_a * amax_b) * fl(alpha / (6 * 6 * 448 * 448))) wherever that is finite and both amaxes
+// stand for the quantizers' S_dec (finite, fl(2688 / amax) did not overflow; amax 0 gives 0 as in TE). Elsewhere
+// fl(alpha * g_a * g_b) from float64, with g = amax / 2688 for such an operand and g = S_dec = fl(1 / S_enc) for the
+// others: amaxes whose FP32 product overflows give the finite alpha' the dequantized operands imply, and an Inf amax
+// (S_dec 1) does not make every output Inf. The one formula of the CPU kernel and the device (nvfp4_gemm_alpha_cuda).
+TE_HD bool nvfp4_amax_regular(float amax) {
+  const float s = kNvfp4GlobalMax / amax;
+  return amax > 0.0f && s > 0.0f && s <= kFloatMax;  // false for NaN
+}
+TE_HD float nvfp4_gemm_alpha(float amax_a, float amax_b, double alpha) {
+  const float te = (amax_a * amax_b) * float(alpha * (1.0 / (6.0 * 6.0 * 448.0 * 448.0)));
+  const bool ra = nvfp4_amax_regular(amax_a), rb = nvfp4_amax_regular(amax_b);
+  const bool keep = te - te == 0.0f && (ra || amax_a == 0.0f) && (rb || amax_b == 0.0f);  // te finite
+  if (keep) return te;
+  const double ga = ra ? double(amax_a) / 2688.0 : double(1.0f / nvfp4_global_scale(amax_a));
+  const double gb = rb ? double(amax_b) / 2688.0 : double(1.0f / nvfp4_global_scale(amax_b));
+  return float(ga * gb * alpha);
+}
+#if defined(TE_WITH_CUDA)
+// [alpha', beta] into out[0..2) on `stream` from the device amaxes (one thread): the sm_90 GEMM's device scalars.
+void nvfp4_gemm_alpha_cuda(const float* amax_a, const float* amax_b, double alpha, float beta, float* out,
+                           cudaStream_t stream);
+#endif
+
 // ---- Philox4x32-10 (counter-based; the same 128 bits on host and device for a given key and counter) ------------
 struct Philox4 { uint32_t v[4]; };
 TE_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
