@@ -106,6 +106,7 @@ TE_HD float e2m1_decode(uint8_t code) {
 // Stochastic rounding onto the E2M1 grid (SPEC §4.6) with 8 random bits r: every value lands on one of the two
 // grid points around it, grid points stay; NaN -> +6, magnitudes beyond 6 saturate.
 TE_HD float e2m1_step(float a) { return a < 2.0f ? 0.5f : (a < 4.0f ? 1.0f : 2.0f); }
+TE_HD float e2m1_step_inv(float a) { return a < 2.0f ? 2.0f : (a < 4.0f ? 1.0f : 0.5f); }  // 1 / e2m1_step, exact
 TE_HD uint8_t e2m1_encode_sr(float v, uint32_t r) {
   const uint32_t x = float_bits(v);
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) return 0x7;
@@ -114,10 +115,12 @@ TE_HD uint8_t e2m1_encode_sr(float v, uint32_t r) {
   const float u = float(r & 0xFFu) * 0.00390625f;  // r / 256, exact
   const float t = fma_f32(u, e2m1_step(a), a);
   const float st = e2m1_step(t);
+  // t / st as t times the exact reciprocal: st is 0.5, 1 or 2, and t >= 0 stays far from the subnormal and overflow
+  // ranges where the two could differ (t < 2 doubles, t >= 4 halves), so the same value without a division.
 #if defined(__CUDA_ARCH__)
-  float q = floorf(t / st) * st;
+  float q = floorf(t * e2m1_step_inv(t)) * st;
 #else
-  float q = std::floor(t / st) * st;
+  float q = std::floor(t * e2m1_step_inv(t)) * st;
 #endif
   q = q < 6.0f ? q : 6.0f;  // Inf -> 6
   return uint8_t(sign | e2m1_encode(q));
@@ -212,9 +215,13 @@ TE_HD Philox4 nvfp4_block_bits(const RngKey& key, int64_t blk, int copy) {
 TE_HD int popcount4(uint32_t x) { return int((x & 1u) + ((x >> 1) & 1u) + ((x >> 2) & 1u) + ((x >> 3) & 1u)); }
 TE_HD void rht16(const float v[16], uint32_t sign_mask, float y[16]) {
   float w[16];
+#pragma unroll
   for (int i = 0; i < 16; ++i) w[i] = (((sign_mask >> i) & 1u) ? -v[i] : v[i]) * 0.25f;  // exact
+  // Unrolled, every H16 sign is a constant: 15 additions or subtractions an output, in index order.
+#pragma unroll
   for (int j = 0; j < 16; ++j) {
     float acc = w[0];
+#pragma unroll
     for (int i = 1; i < 16; ++i) acc = acc + ((popcount4(uint32_t(i & j)) & 1) ? -w[i] : w[i]);
     y[j] = round_to<bf16_t>(acc);
   }
@@ -225,13 +232,15 @@ TE_HD void rht16(const float v[16], uint32_t sign_mask, float y[16]) {
 TE_HD void nvfp4_encode_block(const float v[16], uint8_t sf, float s_dec, const Philox4* bits, uint8_t out[8]) {
   const float enc = nvfp4_block_multiplier(sf, s_dec);
   if (bits == nullptr) {
+#pragma unroll
     for (int h = 0; h < 2; ++h) {
       const uint32_t w = nvfp4_pack8(v + 8 * h, enc);
       for (int j = 0; j < 4; ++j) out[4 * h + j] = uint8_t(w >> (8 * j));
     }
     return;
   }
-  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {  // unrolled: bits->v is indexed by constants (registers, not local memory)
     const uint32_t w = bits->v[j >> 1];
     const int sh = (j & 1) * 16;
     const uint8_t lo = e2m1_encode_sr(v[2 * j] * enc, (w >> sh) & 0xFFu);

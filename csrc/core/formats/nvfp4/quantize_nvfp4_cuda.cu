@@ -30,6 +30,7 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_amax_k
     const int64_t r0 = g * kNvBlock;
     const int nr = int(p.rows - r0 < kNvBlock ? p.rows - r0 : kNvBlock);
     float v[16];
+    #pragma unroll
     for (int k = 0; k < 16; ++k) {
       v[k] = k < nr ? to_float(x[(r0 + k) * p.cols + c]) : 0.0f;
       ar = amax_update(ar, v[k]);
@@ -37,6 +38,7 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_amax_k
     if (p.rht && nr == kNvBlock) {
       float y[16];
       rht16(v, p.rht_sign_mask, y);
+      #pragma unroll
       for (int k = 0; k < 16; ++k) ac = amax_update(ac, y[k]);
     }
   }
@@ -79,6 +81,7 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_k
     const int nr = int(rows - r0 < kNvBlock ? rows - r0 : kNvBlock);
     const int nc = int(cols - c0 < kTileCols ? cols - c0 : kTileCols);
     __syncthreads();  // the previous tile's readers are done
+    #pragma unroll
     for (int i = 0; i < 16; ++i) {
       const float v = (i < nr && t < nc) ? to_float(x[(r0 + i) * cols + c0 + t]) : 0.0f;
       tile[i * kRowStride + (t / 16) * kBlkStride + t % 16] = v;
@@ -89,6 +92,7 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_k
     const bool row_valid = rr < nr && rs * 16 < nc;
     float rv[16];
     float ramax = 0.0f;
+    #pragma unroll
     for (int k = 0; k < 16; ++k) {
       rv[k] = tile[rr * kRowStride + rs * kBlkStride + k];
       ramax = amax_update(ramax, rv[k]);
@@ -101,6 +105,7 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_k
       float amax = ramax;
       if (p.two_d) {
         amax = 0.0f;
+        #pragma unroll
         for (int i = 0; i < 16; ++i) amax = amax_update(amax, seg_amax[i][rs]);
       }
       const int64_t r = r0 + rr, b = c0 / kNvBlock + rs;
@@ -115,6 +120,7 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_k
     // Columnwise block (column t, the tile's 16 rows; rows % 16 == 0 here).
     if (p.col_data != nullptr && t < nc) {
       float cv[16], y[16];
+      #pragma unroll
       for (int i = 0; i < 16; ++i) cv[i] = tile[i * kRowStride + (t / 16) * kBlkStride + t % 16];
       const float* vals = cv;
       if (p.rht) {
@@ -123,8 +129,10 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_k
       }
       float amax = 0.0f;
       if (p.two_d) {
+        #pragma unroll
         for (int i = 0; i < 16; ++i) amax = amax_update(amax, seg_amax[i][t / 16]);
       } else {
+        #pragma unroll
         for (int k = 0; k < 16; ++k) amax = amax_update(amax, vals[k]);
       }
       const int64_t c = c0 + t;
@@ -140,13 +148,13 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_k
   // Zero the padding entries of the scale tensors (grid-stride over the padded index space).
   const Nvfp4ScaleShapes s = nvfp4_scale_shapes(rows, cols);
   const int64_t stride = int64_t(gridDim.x) * kThreads;
-  if (p.row_data != nullptr) {
+  if (p.row_data != nullptr && (s.row_r > rows || s.row_c > nblk)) {  // only where there is padding
     for (int64_t i = int64_t(blockIdx.x) * kThreads + t; i < s.row_r * s.row_c; i += stride) {
       const int64_t r = i / s.row_c, c = i % s.row_c;
       if (r >= rows || c >= nblk) p.row_scale[nv_row_scale_offset(r, c, cols, p.swizzled)] = 0;
     }
   }
-  if (p.col_data != nullptr) {
+  if (p.col_data != nullptr && (s.col_r > cols || s.col_c > rows / kNvBlock)) {
     for (int64_t i = int64_t(blockIdx.x) * kThreads + t; i < s.col_r * s.col_c; i += stride) {
       const int64_t r = i / s.col_c, c = i % s.col_c;
       if (r >= cols || c >= rows / kNvBlock) p.col_scale[nv_col_scale_offset(r, c, rows, p.swizzled)] = 0;
