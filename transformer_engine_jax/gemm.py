@@ -266,8 +266,9 @@ def gemm(lhs, rhs, contracting_dims=((1,), (0,)), lhs_quantizer=None, rhs_quanti
     """lhs · rhs contracted over `contracting_dims` = (lhs dims, rhs dims), paired in order; out has lhs's
     non-contracting dims followed by rhs's, in the operands' dtype (a ScaledTensor's dequantized dtype).
 
-    lhs, rhs: float32 / float16 / bfloat16 arrays of one dtype, or ScaledTensors (FP8 per tensor, delayed or current
-    scaling, with E4M3 x E4M3, E4M3 x E5M2 or E5M2 x E4M3; FP8 block 1x128 / 128x128, CUDA only). `*_quantizer`
+    lhs, rhs: float32 / float16 / bfloat16 arrays of one dtype, or ScaledTensors of one recipe (FP8 per tensor,
+    delayed or current scaling, with E4M3 x E4M3, E4M3 x E5M2 or E5M2 x E4M3; MXFP8; NVFP4, whose copies' global
+    amaxes the core folds into alpha; FP8 block 1x128 / 128x128). `*_quantizer`
     quantizes a plain operand first. Epilogues (SPEC §6.2; out 2-D as [M, N], M = prod lhs outer dims):
       bias [N]                                  out = lhs·rhs + bias (forward)
       fuse_gelu=True                            returns (gelu(lhs·rhs (+ bias)), pre-GELU values)
