@@ -254,7 +254,9 @@ def mlp_gemms_forward(ctx, x_q, w1, b1, w2, b2, activation, act_dtype, cfgs, fs,
 def mlp_gemms_backward(ctx, dy2, h, activation, act_dtype, cfg_g, bs, bh, needs, dtypes):
     """The backward of mlp_gemms_forward from dy2 [tokens, hidden] (act_dtype, contiguous): needs = (dx, w1, b1, w2,
     b2) flags, dtypes = (w1, b1, w2, b2) dtypes. Returns (dx2 [tokens, hidden] in act_dtype or None, dw1, db1, dw2,
-    db2) and drops ctx's quantized copies."""
+    db2) and drops ctx's quantized copies, each as soon as its last GEMM has run (with dA and dH's rowwise copy), so
+    fc1's GEMMs, whose decode temporaries make the step's peak under MXFP8 / NVFP4 on Hopper, do not run next to
+    them."""
     need_dx, need_w1, need_b1, need_w2, need_b2 = needs
     w1_dtype, b1_dtype, w2_dtype, b2_dtype = dtypes
     need_dh = need_dx or need_w1 or need_b1
@@ -269,8 +271,11 @@ def mlp_gemms_backward(ctx, dy2, h, activation, act_dtype, cfg_g, bs, bh, needs,
         dy_q = qg2(dy2) if (need_dh or need_w2) else None
     if need_w2:
         dw2 = wgrad_gemm(ctx.a_q, dy_q, w2_dtype)
+    ctx.a_q = None
     if need_dh:
         da = dgrad_gemm(ctx.w2_q, dy_q, act_dtype)
+        ctx.w2_q = None
+        del dy_q
         # fc1: dH = dact(dA, H) quantized for the dgrad (rowwise) and wgrad (columnwise), bias gradient fused.
         qg1 = build_quantizer(cfg_g, need_dx, need_w1, *slot_views(bs, bh, FP8BwdTensors.GRAD_OUTPUT1))
         if need_b1 and act_dbias is not None:
@@ -279,10 +284,14 @@ def mlp_gemms_backward(ctx, dy2, h, activation, act_dtype, cfg_g, bs, bh, needs,
             db1, dh_q = bgrad_quantize(getattr(_act, act_bwd)(da, h, None), qg1)
         elif need_dx or need_w1:
             dh_q = getattr(_act, act_bwd)(da, h, qg1)
+        del da
         if db1 is not None:
             db1 = db1.to(b1_dtype)
         if need_dx:
             dx = dgrad_gemm(ctx.w1_q, dh_q, act_dtype)
+            ctx.w1_q = None
+            if need_w1:
+                keep_columnwise(dh_q)  # the wgrad reads the columnwise copy only
         if need_w1:
             dw1 = wgrad_gemm(ctx.x_q, dh_q, w1_dtype)
     ctx.x_q = ctx.w1_q = ctx.a_q = ctx.w2_q = None
