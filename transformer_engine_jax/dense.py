@@ -38,6 +38,7 @@ from .scaled_tensor import ScaledTensor
 __all__ = ["dense"]
 
 _PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)
+_NVFP4 = (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
 _FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # Every GEMM dim (K, N, and the token count: the wgrad's contraction dim) must be a multiple of this (SPEC §6.5).
 _ALIGNMENT = {ScalingMode.DELAYED_TENSOR_SCALING: 16, ScalingMode.CURRENT_TENSOR_SCALING: 16,
@@ -118,6 +119,10 @@ def mm(lhs, rhs, dims, dtype, gemm_kind: str, bias=None, sequence_parallel=False
     """2-D lhs·rhs contracted over dims ((a,), (b,)) through tej.gemm (its output dtype: the operands' nominal one,
     `dtype`). sequence_parallel: tej.gemm's (a row-parallel GEMM reduce-scatters its output along M)."""
     if isinstance(lhs, ScaledTensor) and lhs.scaling_mode not in _PER_TENSOR:
+        if lhs.scaling_mode in _NVFP4 and jnp.dtype(dtype) == jnp.float16:
+            # NVFP4 GEMMs write bf16 or fp32 (cuBLASLt's rule, kept on every device): fp32, + bias, one rounding
+            out = gemm(lhs, rhs, dims, out_dtype=jnp.float32)
+            return (out if bias is None else out + bias.astype(jnp.float32)).astype(dtype)
         return gemm(lhs, rhs, dims, bias=bias)
     return gemm(lhs, rhs, dims, bias=bias, use_split_accumulator=_SPLIT[gemm_kind],
                 sequence_parallel=sequence_parallel)

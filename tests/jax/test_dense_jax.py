@@ -199,14 +199,19 @@ def test_mlp_fp8(recipe, act):
         assert all(a > 0 for a in amaxes), amaxes
 
 
-@pytest.mark.parametrize("recipe", [tej.MXFP8BlockScaling(), tej.Float8BlockScaling(), tej.NVFP4BlockScaling()],
-                         ids=["mxfp8", "fp8_block", "nvfp4"])
-def test_emulated_recipes(recipe):
-    """Formats tej.gemm does not run on the CPU: dense dequantizes the copies each GEMM reads and multiplies in
-    float32 — exactly the float64 product of the dequantized operands, rounded to bf16; grads finite and close."""
+@pytest.mark.parametrize("recipe,dtype", [(tej.MXFP8BlockScaling(), jnp.bfloat16),
+                                          (tej.Float8BlockScaling(), jnp.bfloat16),
+                                          (tej.NVFP4BlockScaling(), jnp.bfloat16),
+                                          (tej.NVFP4BlockScaling(), jnp.float16)],
+                         ids=["mxfp8", "fp8_block", "nvfp4", "nvfp4-fp16"])
+def test_block_recipes(recipe, dtype):
+    """The block formats through tej.gemm on the CPU (the core's exact decode, FP64 accumulation; NVFP4's global
+    scales in alpha'): the float64 product of the dequantized operands within the output dtype's rounding (float16
+    under NVFP4: the GEMM writes fp32, rounded once); grads finite and close."""
     qs = tej.make_quantizer_set(recipe)
-    x, k, cot = rand(40, (64, 64), jnp.bfloat16), rand(41, (64, 32), jnp.bfloat16), rand(42, (64, 32), jnp.bfloat16)
+    x, k, cot = rand(40, (64, 64), dtype), rand(41, (64, 32), dtype), rand(42, (64, 32), dtype)
     y, (dx, dk) = with_grads(lambda a, b: tej.dense(a, b, quantizer_set=qs), (x, k), cot)
+    assert y.dtype == dx.dtype == dk.dtype == jnp.dtype(dtype)
     xq, kq = tej.quantize(x, qs.x), tej.quantize(k, qs.kernel)
     want = np.asarray(xq.dequantize(jnp.float32), F64) @ np.asarray(kq.get_colwise_tensor().dequantize(jnp.float32),
                                                                       F64)
