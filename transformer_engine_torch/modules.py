@@ -93,6 +93,9 @@ class _LinearFn(torch.autograd.Function):
         dx = dw = None
         if need_dgrad:
             dx = dgrad_gemm(ctx.w_q, dy_q, act_dtype).reshape(x_shape).to(x_dtype)
+            ctx.w_q = None  # freed before the wgrad's GEMM, with dY's rowwise copy
+            if need_wgrad:
+                keep_columnwise(dy_q)
         if need_wgrad:
             dw = wgrad_gemm(ctx.x_q, dy_q, w_dtype)
         if bs is not None:
