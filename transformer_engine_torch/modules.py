@@ -244,11 +244,13 @@ def mlp_gemms_forward(ctx, x_q, w1, b1, w2, b2, activation, act_dtype, cfgs, fs,
     qw2 = build_quantizer(cfg_w, True, need_dh, *slot_views(fs, fh, FP8FwdTensors.GEMM2_WEIGHT))
     w1_q = qw1(w1)
     h = layer_gemm(w1_q, True, x_q, False, act_dtype, bias=None if b1 is None else b1.to(act_dtype))
+    # fc1's rowwise copies are done with: dropped before fc2's GEMM (and its decode temporaries on Hopper)
+    ctx.x_q = keep_columnwise(x_q) if need_w1 else None
+    ctx.w1_q = keep_columnwise(w1_q) if need_dx else None
+    del x_q, w1_q
     a_q = getattr(_act, act_fwd)(h, qa)  # the fused kernel writes the activation quantized for fc2
     w2_q = qw2(w2)
     y = layer_gemm(w2_q, True, a_q, False, act_dtype, bias=None if b2 is None else b2.to(act_dtype))
-    ctx.x_q = keep_columnwise(x_q) if need_w1 else None
-    ctx.w1_q = keep_columnwise(w1_q) if need_dx else None
     ctx.a_q = keep_columnwise(a_q) if need_w2 else None
     ctx.w2_q = keep_columnwise(w2_q) if need_dh else None
     return y, h
