@@ -395,6 +395,15 @@ def block_case(fmt, layout, device):
     return out, want_tex, ref(dl, dr, dims)
 
 
+def test_nvfp4_needs_its_amax_at_trace_time():
+    """An NVFP4 copy without its global amax cannot be decoded (the core folds it into alpha): a trace-time error
+    naming the operand and the missing field."""
+    import dataclasses
+    qn = tej.quantize(jnp.zeros((128, 128), jnp.bfloat16), quantizer(SM.NVFP4_1D_SCALING))
+    with pytest.raises(ValueError, match=r"rhs ScaledTensor\(128, 128\) NVFP4_1D_SCALING.*has no amax"):
+        trace(lambda a, b: tej.gemm(a, b, ((1,), (1,))), qn, dataclasses.replace(qn, amax=None))
+
+
 @pytest.mark.parametrize("fmt,layout", [("mxfp8", "TN"), ("mxfp8", "NN"), ("mxfp8", "NT"), ("nvfp4", "TN"),
                                         ("nvfp4", "NT")])
 def test_block_formats_on_the_cpu(fmt, layout):
