@@ -57,6 +57,9 @@ def _as_bf16(t):
     return t.dequantize(jnp.bfloat16) if isinstance(t, ScaledTensor) else jnp.asarray(t).astype(jnp.bfloat16)
 
 
+_ROW_BLOCKS = (ScalingMode.MXFP8_1D_SCALING, ScalingMode.BLOCK_SCALING_1x128)
+
+
 def _emulate(lhs, rhs, lhs_quantizer, rhs_quantizer):
     """MXFP8, NVFP4 and the FP8 block pairings without a native kernel: quantized as asked (rhs per
     group), then both operands' dequantized bf16 values for the bf16 grouped GEMM (SPEC §6.7's emulation). Returns
@@ -68,7 +71,13 @@ def _emulate(lhs, rhs, lhs_quantizer, rhs_quantizer):
     if lhs_quantizer is not None:
         lhs = quantize(lhs, lhs_quantizer)
     if rhs_quantizer is not None:
-        rhs = jnp.stack([_as_bf16(quantize(rhs[g], rhs_quantizer)) for g in range(rhs.shape[0])])
+        if rhs_quantizer.scaling_mode in _ROW_BLOCKS and rhs_quantizer.q_layout.rowwise:
+            # blocks along each row's last dim and no per-tensor state: the groups' rows quantized at once are
+            # quantized as each group's alone (dequantize reads the rowwise copy), in one call instead of G
+            flat = quantize(rhs.reshape(-1, rhs.shape[-1]), rhs_quantizer)
+            rhs = _as_bf16(flat).reshape(rhs.shape)
+        else:  # NVFP4's global amax, 128x128 tiles: per group
+            rhs = jnp.stack([_as_bf16(quantize(rhs[g], rhs_quantizer)) for g in range(rhs.shape[0])])
     return _as_bf16(lhs), _as_bf16(rhs), None, None
 
 
