@@ -79,6 +79,15 @@ CASE_SPECS = [
     # E4M3 scale per 16 elements per copy
     CaseSpec("gelu", "nvfp4", False, 2 + 2 + 1 / 2 + 1 / 16),  # two reads of x + packed codes + scales
     CaseSpec("gelu", "nvfp4", True, 2 + 2 + 1 + 2 / 16),  # both copies (columnwise transposed)
+    # The backward's casts with both copies (what an MLP backward feeds its dgrad and wgrad GEMMs; issue 34 item 2):
+    # dact (+ dbias) of grad and x, written rowwise and columnwise in every format with a columnwise copy
+    CaseSpec("dgelu", "delayed", True, 6),  # 2 + 2 read + 1 + 1 write
+    CaseSpec("dbias_dgelu", "delayed", True, 6),  # 2 + 2 read + 1 + 1 write (+ dbias partials)
+    CaseSpec("dgelu", "mxfp8", True, 2 + 2 + 2 + 2 / 32),  # 2 + 2 read + 1 + 1 write + scales
+    CaseSpec("dbias_dgelu", "mxfp8", True, 2 + 2 + 2 + 2 / 32),
+    CaseSpec("dbias_dgelu", "fp8block", True, 2 + 2 + 2 + 8 / 128),  # 2 + 2 read + 1 + 1 write + float32 scales
+    CaseSpec("dgelu", "nvfp4", True, 2 * (2 + 2) + 1 + 2 / 16),  # amax pass and cast pass over both inputs
+    CaseSpec("dbias_dgelu", "nvfp4", True, 2 * (2 + 2) + 1 + 2 / 16),
 ]
 
 
@@ -280,6 +289,8 @@ def evaluate_targets(report, big, small_size):
     floor_target(f"gelu -> FP8 current ({b})", find(rows, "gelu", "current", False, big), 1.15)
     floor_target(f"swiglu -> FP8 current (x {big[0]}x{2 * big[1]})", find(rows, "swiglu", "current", False, big), 1.15)
     floor_target(f"dbias_dgelu -> FP8 delayed ({b})", find(rows, "dbias_dgelu", "delayed", False, big), 1.15)
+    floor_target(f"dbias_dgelu -> FP8 delayed rowwise + columnwise ({b})",
+                 find(rows, "dbias_dgelu", "delayed", True, big), 1.15)
     pct_target(f"FP8 cast rowwise + transposed ({b})", find(rows, "quantize", "delayed", True, big), 80)
     pct_target(f"gelu -> MXFP8 rowwise ({b})", find(rows, "gelu", "mxfp8", False, big), 85)
     pct_target(f"gelu -> MXFP8 rowwise + columnwise ({b})", find(rows, "gelu", "mxfp8", True, big), 75)
