@@ -4,6 +4,8 @@
 #   1. wip/nvfp4_cast_fast.patch applied, clean build (timed), the NVFP4 CUDA tests, the cast times
 #   2. bench_block_gemm (the torch MLP rows now interleaved; the layers now free their quantized copies early)
 #   3. the MLP step's kernels and peaks (tools/prof_step.py)
+#   4. (acts, not in the default list: minutes of torch.compile) bench_activations' dgelu rows, the backward's
+#      casts with both copies (issue 34 item 2)
 # Usage (device tool, carry third_party/cutlass_include and third_party/wheels):
 #   bash tools/gpu_next.sh [patch] [build] [nvfp4] [block] [prof]      (default: all, in this order)
 # A failed patch or build stops the script; the rest record their exit codes in $OUT/summary.txt. At most 7 files
@@ -34,6 +36,10 @@ for step in $steps; do
       OUT=$OUT timeout 240 python3 benchmarks/bench_block_gemm.py >/tmp/block_gemm.log 2>&1
       note "bench_block_gemm (exit $?):"
       tail -10 /tmp/block_gemm.log | tee -a "$OUT/summary.txt" ;;
+    acts)
+      timeout 400 python3 benchmarks/bench_activations.py --only dgelu --json /tmp/acts.json >/tmp/acts.log 2>&1
+      note "bench_activations --only dgelu (exit $?):"
+      grep -E "dgelu|NOT MET|MET " /tmp/acts.log | tail -30 | tee -a "$OUT/summary.txt" ;;
     prof)
       timeout 90 python3 tools/prof_step.py --recipes bf16,MXFP8,NVFP4 >"$OUT/prof_step.txt" 2>&1
       grep "==" "$OUT/prof_step.txt" | tee -a "$OUT/summary.txt" ;;
