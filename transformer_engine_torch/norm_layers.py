@@ -310,8 +310,11 @@ class _LayerNormLinearFn(torch.autograd.Function):
                     else (None, None))
         if need_wgrad:
             dw = wgrad_gemm(ctx.x_q, dy_q, w_dtype)
+        ctx.x_q = None  # read by the wgrad only: freed before the dgrad
         if need_dln:
             dz = dgrad_gemm(ctx.w_q, dy_q, act_dtype)
+            ctx.w_q = None
+            del dy_q  # both its copies are done with before the norm's backward
             dx, dgw, dgb = _norm_input_grads(ctx, dz, dln_out, x2, mu, rsigma, ln_w)
         if bs is not None:
             update_delayed_scaling(bh, bs, recipe, cfg_g[1], get_amax_reduction_group())
