@@ -80,14 +80,18 @@ def fp8_delayed_ref(a, scale, amax, columnwise):
     return out
 
 
-def fp8_current_ref(a, in_dtype):
+def fp8_current_ref(a, in_dtype, columnwise=False):
     """Current scaling (FUSED_ACTIVATION_AMAX_FP8): amax pass over the unrounded FP32 value, then
-    q = e4m3(fl(rnd_in(a) * scale)) with scale = fl(448 / amax) (amax 0/Inf/NaN -> 1, Inf scale -> FLT_MAX)."""
+    q = e4m3(fl(rnd_in(a) * scale)) with scale = fl(448 / amax) (amax 0/Inf/NaN -> 1, Inf scale -> FLT_MAX);
+    the columnwise copy is the bitwise transpose of q, as delayed scaling's."""
     amax = a.abs().amax()
     ok = torch.isfinite(amax) & (amax > 0)
     scale = torch.where(ok, E4M3_MAX / amax, torch.ones_like(amax)).clamp(max=FLT_MAX)
     q = (a.to(in_dtype).float() * scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
-    return {"q": q, "scale_inv": torch.reciprocal(scale).reshape(1)}
+    out = {"q": q, "scale_inv": torch.reciprocal(scale).reshape(1)}
+    if columnwise:
+        out["qt"] = q.view(torch.uint8).reshape(-1, q.shape[-1]).t().contiguous()
+    return out
 
 
 def e8m0_round_up(v):
@@ -214,7 +218,7 @@ def make_reference(op, quant, columnwise, in_dtype):
         elif quant == "delayed":
             out.update(fp8_delayed_ref(a, scale, amax, columnwise))
         elif quant == "current":
-            out.update(fp8_current_ref(a, in_dtype))
+            out.update(fp8_current_ref(a, in_dtype, columnwise))
         elif quant == "mxfp8":
             out.update(mxfp8_ref(a, in_dtype, columnwise))
         elif quant == "fp8block":

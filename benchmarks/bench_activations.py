@@ -83,6 +83,7 @@ CASE_SPECS = [
     # dact (+ dbias) of grad and x, written rowwise and columnwise in every format with a columnwise copy
     CaseSpec("dgelu", "delayed", True, 6),  # 2 + 2 read + 1 + 1 write
     CaseSpec("dbias_dgelu", "delayed", True, 6),  # 2 + 2 read + 1 + 1 write (+ dbias partials)
+    CaseSpec("dbias_dgelu", "current", True, 10),  # (2 + 2) amax pass + (2 + 2) + 1 + 1 write (+ dbias)
     CaseSpec("dgelu", "mxfp8", True, 2 + 2 + 2 + 2 / 32),  # 2 + 2 read + 1 + 1 write + scales
     CaseSpec("dbias_dgelu", "mxfp8", True, 2 + 2 + 2 + 2 / 32),
     CaseSpec("dbias_dgelu", "fp8block", True, 2 + 2 + 2 + 8 / 128),  # 2 + 2 read + 1 + 1 write + float32 scales
