@@ -72,13 +72,17 @@ def reference_of(spec, inputs, scale):
     elif spec.quant == "current":
         q = R.act_fp8_current_ref(v64, BF16, "e4m3")
         out.update(q=q.codes.view(B.FP8), scale_inv=q.scale_inv)
+        if spec.columnwise:
+            out["qt"] = q.t_codes.reshape(k, m)
     elif spec.quant == "mxfp8":
         q = R.quantize_mxfp8_ref(R.rnd_in(v32, BF16), "e4m3", rowwise=True, columnwise=spec.columnwise)
         out.update(mx_row=q.row, mx_row_scale=q.row_scale)
         if spec.columnwise:
             out.update(mx_col=q.col, mx_col_scale=q.col_scale)
     elif spec.quant == "fp8block":
-        q = R.quantize_fp8_block_ref(inputs[0], "e4m3", block_dim=1, rowwise=True, columnwise=spec.columnwise)
+        # unfused: the values rounded to the input dtype, then the cast (a plain cast: the input itself)
+        src = inputs[0] if spec.op == "quantize" else v64.to(BF16)
+        q = R.quantize_fp8_block_ref(src, "e4m3", block_dim=1, rowwise=True, columnwise=spec.columnwise)
         out.update(fb_row=q.row, fb_row_sinv=q.row_scale)
         if spec.columnwise:
             out.update(fb_col=q.col, fb_col_sinv=q.col_scale)
