@@ -6,6 +6,8 @@
 #   3. the MLP step's kernels and peaks (tools/prof_step.py)
 #   4. (acts, not in the default list: minutes of torch.compile) bench_activations' dgelu rows, the backward's
 #      casts with both copies (issue 34 item 2)
+#   5. (normbwd, not in the default list) tools/norm_probe.cu before and after wip/norm_bwd_prefetch.patch: the
+#      backward's times and its CPU byte checks (the patch is reverted afterwards)
 # Usage (device tool, carry third_party/cutlass_include and third_party/wheels):
 #   bash tools/gpu_next.sh [patch] [build] [nvfp4] [block] [prof]      (default: all, in this order)
 # A failed patch or build stops the script; the rest record their exit codes in $OUT/summary.txt. At most 7 files
@@ -40,6 +42,17 @@ for step in $steps; do
       timeout 400 python3 benchmarks/bench_activations.py --only dgelu --json /tmp/acts.json >/tmp/acts.log 2>&1
       note "bench_activations --only dgelu (exit $?):"
       grep -E "dgelu|NOT MET|MET " /tmp/acts.log | tail -30 | tee -a "$OUT/summary.txt" ;;
+    normbwd)
+      probe() {
+        nvcc -O3 -fmad=false -std=c++17 -gencode arch=compute_90a,code=sm_90a -DTE_WITH_CUDA --expt-relaxed-constexpr \
+          -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ \
+          -D__CUDA_NO_HALF2_OPERATORS__ -Xcompiler -ffp-contract=off -I csrc/core tools/norm_probe.cu \
+          csrc/core/producers/norm/norm_cpu.cpp -o "$1" -lpthread
+      }
+      probe /tmp/probe_before && timeout 120 /tmp/probe_before fast 2>&1 | grep bwd | sed 's/^/before: /' | tee -a "$OUT/summary.txt"
+      git apply wip/norm_bwd_prefetch.patch && probe /tmp/probe_after && \
+        timeout 200 /tmp/probe_after 2>&1 | grep -E "bwd|FAIL|differ|mismatch" | sed 's/^/after: /' | tee -a "$OUT/summary.txt"
+      git apply -R wip/norm_bwd_prefetch.patch ;;
     prof)
       timeout 90 python3 tools/prof_step.py --recipes bf16,MXFP8,NVFP4 >"$OUT/prof_step.txt" 2>&1
       grep "==" "$OUT/prof_step.txt" | tee -a "$OUT/summary.txt" ;;
