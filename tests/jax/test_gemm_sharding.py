@@ -3,7 +3,7 @@
 collective; row-parallel (both operands sharded along K) adds FP32 partial products with exactly one all-reduce and no
 all-gather (FP8: plus one 1-element amax all-reduce per quantized operand; x is quantized along its K shards) (a bias added once after it), so it equals the unsharded call to FP32 accumulation tolerance (another
 addition order), not bit for bit; GELU, which does not compose with K shards, falls back and is still right. FP8
-per tensor (current, delayed) data parallel and row parallel; grad of tej.dense with data-parallel x and with a
+per tensor (current, delayed) data parallel and row parallel; NVFP4 replicated (block scales); grad of tej.dense with data-parallel x and with a
 column-parallel kernel (its dgrad / wgrad become row-parallel GEMMs). Runs in a subprocess: the device count is fixed
 when jax starts."""
 import pytest
@@ -26,6 +26,7 @@ x32, w32 = x.astype(jnp.float32), w.astype(jnp.float32)
 bias = normal(3, (32,))
 xk, wk = normal(4, (16, 8, 128)), normal(5, (128, 32))    # local K = 16 on 8 shards: FP8's alignment
 cs = tej.QuantizerFactory.create(scaling_mode=SM.CURRENT_TENSOR_SCALING)
+nv = tej.QuantizerFactory.create(scaling_mode=SM.NVFP4_1D_SCALING)
 delayed = dataclasses.replace(tej.QuantizerFactory.create(scaling_mode=SM.DELAYED_TENSOR_SCALING, amax_history_len=2),
                               scale=jnp.array([0.375], jnp.float32), amax_history=jnp.array([5.0, 1.0], jnp.float32))
 gemm = lambda x, w: tej.gemm(x, w, ((2,), (0,)))
@@ -92,6 +93,11 @@ for shape in ((8,), (4, 2)):
     # GELU does not compose with a sum over K shards: resharded, still the unsharded bytes
     got, want, _ = run(mesh, with_gelu, (x, w), k_sharded)
     assert leaves(got) == leaves(want), shape
+
+    # NVFP4 (its copies' global amaxes an extra replicated input): block scales tile the operands, so the call runs
+    # replicated whatever the shardings: the unsharded bytes
+    got, want, _ = run(mesh, fp8(nv), (x, w), (rows, P(None, axes)))
+    assert leaves(got) == leaves(want), ("nvfp4", shape)
 
     # grad of tej.dense, data parallel: dx has the unsharded bytes; dw (xᵀ·dy, contracted over the sharded rows)
     # is a row-parallel GEMM: one all-reduce, FP32 accumulation tolerance
