@@ -29,16 +29,14 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .cpp_extensions import quantize, quantize_dbias
-from .gemm import gemm
+from .cpp_extensions import _NVFP4, quantize, quantize_dbias
+from .gemm import _PER_TENSOR, gemm
 from .quantizers import DelayedScaleQuantizer, ScalingMode
 from .recipe import QuantizerSet, default_quantizer_set
 from .scaled_tensor import ScaledTensor
 
 __all__ = ["dense"]
 
-_PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)
-_NVFP4 = (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
 _FLOATS = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # Every GEMM dim (K, N, and the token count: the wgrad's contraction dim) must be a multiple of this (SPEC §6.5).
 _ALIGNMENT = {ScalingMode.DELAYED_TENSOR_SCALING: 16, ScalingMode.CURRENT_TENSOR_SCALING: 16,

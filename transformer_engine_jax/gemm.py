@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from . import _ffi
 from . import collective_ffi as F
-from .cpp_extensions import _register, quantize
+from .cpp_extensions import _NVFP4, _register, quantize
 from .dtype_codes import CODE, DTYPE
 from .quantizers import Quantizer, ScalingMode
 from .ring import ring_all_gather, ring_reduce_scatter
@@ -40,7 +40,6 @@ _PLAIN = (jnp.dtype(jnp.float32), jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16
 _SCALING = {ScalingMode.DELAYED_TENSOR_SCALING: 1, ScalingMode.CURRENT_TENSOR_SCALING: 1,
             ScalingMode.MXFP8_1D_SCALING: 2, ScalingMode.NVFP4_1D_SCALING: 3, ScalingMode.NVFP4_2D_SCALING: 3,
             ScalingMode.BLOCK_SCALING_1x128: 4, ScalingMode.BLOCK_SCALING_128x128: 5}
-_NVFP4 = (ScalingMode.NVFP4_1D_SCALING, ScalingMode.NVFP4_2D_SCALING)
 _PER_TENSOR = (ScalingMode.DELAYED_TENSOR_SCALING, ScalingMode.CURRENT_TENSOR_SCALING)
 # jax's matmul precision names under which fp32 operands may run on TF32 tensor cores; anything else (the default
 # included) keeps full FP32, as torch's default "highest" does.
@@ -149,7 +148,7 @@ def _scaled_operand(x: ScaledTensor, contract, name) -> _Operand:
         # takes GEMM-swizzled scales (SPEC §4.8); tej keeps them compact, so they are permuted here (a layout
         # change of the small scale matrix, no arithmetic).
         data = data.reshape((m, k) if rowwise else (k, m))
-        return _Operand(data, _swizzle_mx_scales(scale_inv, not rowwise), _SCALING[mode], not rowwise,
+        return _Operand(data, _swizzle_block_scales(scale_inv, not rowwise), _SCALING[mode], not rowwise,
                         outer_shape, x.dq_dtype)
     if mode in _NVFP4:
         # Both copies hold K along their rows (the colwise one is x^T), two E2M1 codes a byte; the core takes the
@@ -158,11 +157,8 @@ def _scaled_operand(x: ScaledTensor, contract, name) -> _Operand:
         if amax is None:
             raise ValueError(f"tej.gemm: {name} {describe(x)} has no {'amax' if rowwise else 'colwise_amax'}; an "
                              f"NVFP4 GEMM needs its copy's global amax")
-        scale = scale_inv.reshape(-1, scale_inv.shape[-1])
-        if scale.size:
-            scale = _swizzle(scale, *scale.shape)
-        return _Operand(data.reshape(m, k // 2), scale, _SCALING[mode], False, outer_shape, x.dq_dtype,
-                        amax.reshape(1).astype(jnp.float32))
+        return _Operand(data.reshape(m, k // 2), _swizzle_block_scales(scale_inv, False), _SCALING[mode], False,
+                        outer_shape, x.dq_dtype, amax.reshape(1).astype(jnp.float32))
     return _Operand(data.reshape(m, k), scale_inv, _SCALING[mode], False, outer_shape, x.dq_dtype)
 
 
@@ -172,9 +168,10 @@ def _swizzle(buf, rows: int, cols: int):
     return buf.reshape(rows // 128, 4, 32, cols // 4, 4).transpose(0, 3, 2, 1, 4).reshape(rows, cols)
 
 
-def _swizzle_mx_scales(scale, columnwise: bool):
-    """Compact -> GEMM-swizzled bytes of an MXFP8 scale matrix (same shape); columnwise scales are swizzled as their
-    transpose (torch: formats/mxfp8.py `swizzle_mx_scales`)."""
+def _swizzle_block_scales(scale, columnwise: bool):
+    """Compact -> GEMM-swizzled bytes of an MXFP8 or NVFP4 scale matrix (same shape); MXFP8's columnwise scales are
+    swizzled as their transpose (torch: formats/mxfp8.py `swizzle_mx_scales`), NVFP4's copies both as stored
+    (formats/nvfp4.py `swizzle_nvfp4_scales`: columnwise=False)."""
     scale = scale.reshape(-1, scale.shape[-1])
     r, c = scale.shape
     if r == 0 or c == 0:
