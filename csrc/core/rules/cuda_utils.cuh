@@ -184,6 +184,18 @@ template <int kPending> __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// The two halves of an f16x2 bit pattern (the low half is element 0) as floats, exactly (sm_53+ conversions).
+__device__ __forceinline__ void half2_bits_to_float2(uint32_t h2, float& lo, float& hi) {
+  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(h2));
+}
+
+// Blocks of `threads` for a grid-stride loop over `items` work items: one block per `threads` items, at least 1 and
+// at most 2^20 (the loop strides over the rest).
+inline unsigned grid_stride_blocks(int64_t items, int threads) {
+  const int64_t blocks = (items + threads - 1) / threads;
+  return unsigned(blocks < 1 ? 1 : (blocks > (int64_t(1) << 20) ? (int64_t(1) << 20) : blocks));
+}
+
 // Two FP8 codes (the low byte is element 0) as floats, exactly (every E4M3 / E5M2 value is an f16): one hardware
 // conversion to f16x2 on sm_89+, the bit rule elsewhere. The decoders' inner loop (formats/*/decode_*_cuda.cu).
 template <bool kE4M3> __device__ __forceinline__ void fp8x2_to_float2(uint32_t two, float& lo, float& hi) {
@@ -195,7 +207,7 @@ template <bool kE4M3> __device__ __forceinline__ void fp8x2_to_float2(uint32_t t
   } else {
     asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(in));
   }
-  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(h2));
+  half2_bits_to_float2(h2, lo, hi);
 #else
   lo = fp8_to_float(uint8_t(two), kE4M3);
   hi = fp8_to_float(uint8_t(two >> 8), kE4M3);

@@ -4,8 +4,6 @@
 
 #include "../../rules/cuda_utils.cuh"
 
-#include <algorithm>
-
 namespace te {
 namespace {
 
@@ -82,11 +80,6 @@ __global__ void decode_any_kernel(const uint8_t* __restrict__ codes, const uint8
   }
 }
 
-// One block per kThreads work items, at most 2^20 blocks (the kernels stride over the rest).
-unsigned grid_for(int64_t work_items) {
-  return unsigned(std::max<int64_t>(1, std::min<int64_t>((work_items + kThreads - 1) / kThreads, int64_t(1) << 20)));
-}
-
 }  // namespace
 
 void decode_mxfp8_gemm_operand_cuda(const uint8_t* codes, const uint8_t* scales, int64_t rows, int64_t cols,
@@ -95,22 +88,22 @@ void decode_mxfp8_gemm_operand_cuda(const uint8_t* codes, const uint8_t* scales,
   bf16_t* o = static_cast<bf16_t*>(out);
   const auto aligned = [](const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; };
   if (k_cols && cols % kChunk == 0 && aligned(codes, 16) && aligned(out, 16)) {
-    const unsigned grid = grid_for(rows * (cols / kChunk));
+    const unsigned grid = act_cuda::grid_stride_blocks(rows * (cols / kChunk), kThreads);
     if (e4m3) {
       decode_rows_kernel<true><<<grid, kThreads, 0, stream>>>(codes, scales, rows, cols, o);
     } else {
       decode_rows_kernel<false><<<grid, kThreads, 0, stream>>>(codes, scales, rows, cols, o);
     }
   } else if (!k_cols && rows % kMxBlock == 0 && cols % kQuad == 0 && aligned(codes, 4) && aligned(out, 8)) {
-    const unsigned grid = grid_for((rows / kMxBlock) * (cols / kQuad));
+    const unsigned grid = act_cuda::grid_stride_blocks((rows / kMxBlock) * (cols / kQuad), kThreads);
     if (e4m3) {
       decode_cols_kernel<true><<<grid, kThreads, 0, stream>>>(codes, scales, rows, cols, o);
     } else {
       decode_cols_kernel<false><<<grid, kThreads, 0, stream>>>(codes, scales, rows, cols, o);
     }
   } else {
-    decode_any_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(codes, scales, rows, cols, k_cols,
-                                                                                e4m3, o);
+    const unsigned grid = act_cuda::grid_stride_blocks(rows * cols, kThreads);
+    decode_any_kernel<<<grid, kThreads, 0, stream>>>(codes, scales, rows, cols, k_cols, e4m3, o);
   }
   act_cuda::check_launch("MXFP8 GEMM operand decode");
 }

@@ -2,8 +2,6 @@
 // over the operand, on the given stream, no allocation, no host synchronisation.
 #include "quantize_nvfp4.h"
 
-#include <algorithm>
-
 #include "../../rules/cuda_utils.cuh"
 
 namespace te {
@@ -17,7 +15,7 @@ constexpr int kThreads = 256;
 __device__ __forceinline__ uint32_t decode_byte(uint32_t b, float s14) {
   const uint32_t h2 = ((b & 0x7u) << 9) | ((b & 0x8u) << 12) | ((b & 0x70u) << 21) | ((b & 0x80u) << 24);
   float lo, hi;
-  asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}" : "=f"(lo), "=f"(hi) : "r"(h2));
+  act_cuda::half2_bits_to_float2(h2, lo, hi);
   return act_cuda::float2_to_bf16x2(lo * s14, hi * s14);
 }
 
@@ -54,11 +52,6 @@ __global__ void decode_any_kernel(const uint8_t* __restrict__ packed, const uint
   }
 }
 
-// One block per kThreads work items, at most 2^20 blocks (the kernels stride over the rest).
-unsigned grid_for(int64_t work_items) {
-  return unsigned(std::max<int64_t>(1, std::min<int64_t>((work_items + kThreads - 1) / kThreads, int64_t(1) << 20)));
-}
-
 __global__ void gemm_alpha_kernel(const float* amax_a, const float* amax_b, double alpha, float beta, float* out) {
   out[0] = nvfp4_gemm_alpha(*amax_a, *amax_b, alpha);
   out[1] = beta;
@@ -78,9 +71,11 @@ void decode_nvfp4_gemm_operand_cuda(const uint8_t* packed, const uint8_t* scales
   bf16_t* o = static_cast<bf16_t*>(out);
   if (cols % kNvBlock == 0 && reinterpret_cast<uintptr_t>(packed) % 8 == 0 &&
       reinterpret_cast<uintptr_t>(out) % 16 == 0) {
-    decode_blocks_kernel<<<grid_for(rows * (cols / kNvBlock)), kThreads, 0, stream>>>(packed, scales, rows, cols, o);
+    const unsigned grid = act_cuda::grid_stride_blocks(rows * (cols / kNvBlock), kThreads);
+    decode_blocks_kernel<<<grid, kThreads, 0, stream>>>(packed, scales, rows, cols, o);
   } else {
-    decode_any_kernel<<<grid_for(rows * cols), kThreads, 0, stream>>>(packed, scales, rows, cols, o);
+    const unsigned grid = act_cuda::grid_stride_blocks(rows * cols, kThreads);
+    decode_any_kernel<<<grid, kThreads, 0, stream>>>(packed, scales, rows, cols, o);
   }
   act_cuda::check_launch("NVFP4 GEMM operand decode");
 }
