@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from tests import ref
-from tests.torch.helpers import (DTYPE_PARAMS, FMTS, column_sum_rtol, cpu, current_quantizer, delayed_quantizer,
-                                 mixed_values, random_bits, replay_on_new_inputs, tex_module, uniform, wide_random)
+from tests.torch.helpers import (DTYPE_PARAMS, FMTS, check_grad_bias, column_sum_rtol, cpu, current_quantizer,
+                                 delayed_quantizer, mixed_values, random_bits, replay_on_new_inputs, tex_module,
+                                 uniform, wide_random)
 
 pytestmark = pytest.mark.cuda
 
@@ -442,6 +443,25 @@ def test_parity_bf16_tables_dbias(name, forced, monkeypatch):
     rtol = 4 * ref.TOL[torch.bfloat16][0]
     assert ref.within_tol(cpu(res["cuda"][0]), res["cpu"][0], rtol, 1e-4)
 
+
+
+@pytest.mark.parametrize("shape", [(16424, 72), (131072, 64)])  # dbias row blocks of 16 (ragged tiles) and 128 rows
+@pytest.mark.parametrize("k", [("delayed", "e4m3", 3.5), ("current", "e5m2", True)])
+def test_parity_dbias_transposed_tiles(k, shape):
+    """dbias with the transposed FP8 copy on shapes whose dbias row blocks hold a warp's 16 rows (the pipelined
+    tiles): both copies and the amax equal to the CPU's, grad_bias within the column-sum tolerance of the float64
+    sums."""
+    tex = tex_module()
+    x = uniform(shape, torch.bfloat16, g=torch.Generator().manual_seed(21))
+    g = uniform(shape, torch.bfloat16, g=torch.Generator().manual_seed(22))
+    res = {}
+    for dev in ["cpu", "cuda"]:
+        q, a = mkq(k, dev)
+        res[dev] = tex.dbias_dgelu(g.to(dev), x.to(dev), q) + (a,)
+    assert_same(res["cpu"][1], res["cuda"][1], f"{k} {shape} grad_input")
+    if res["cpu"][2] is not None:
+        assert ref.bits_equal(res["cpu"][2], cpu(res["cuda"][2])), f"{k} {shape} amax"
+    check_grad_bias(res["cuda"][0], "gelu", g, x, f"{k} {shape} grad_bias")
 
 # ---- amax pass by shape ----------------------------------------------------------------------------------------
 # The read-only amax pass of a unary forward op on bf16 keeps per-run candidates of x and evaluates the functor only

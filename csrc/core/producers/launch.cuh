@@ -128,6 +128,7 @@ void launch_pipe(const ActKernelParams& p, cudaStream_t stream) {
   PipeGeom geo;
   geo.col_tiles = std::max<int64_t>(1, (p.cols + kTileCols - 1) / kTileCols);
   geo.tiles = geo.col_tiles * std::max<int64_t>(1, (p.rows + kActBlockRows - 1) / kActBlockRows);
+  geo.dbias_rows = act_dbias_rows(p.rows, p.cols);
   if constexpr (Op::Fn::kTabulate && std::is_same<T, bf16_t>::value) {
     // Tables pay off when each resident block walks several tiles after filling them.
     if (force_tables() || geo.tiles >= 8 * int64_t(device_sm_count_or_default())) {
@@ -273,8 +274,9 @@ void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
       return;
     }
   }
-  if (vec && p.out_t != nullptr && p.dbias_partial == nullptr &&
-      (p.mode == ScaleMode::kDelayed || p.mode == ScaleMode::kCurrent)) {
+  // FP8 with a transposed copy: the pipelined tiles, with dbias too where a warp's 16 rows fall in one partial row.
+  const bool pipe_dbias = p.dbias_partial == nullptr || (kHasDbias && dbias_rows >= act_cuda::kPipeDbiasMinRows);
+  if (vec && p.out_t != nullptr && pipe_dbias && (p.mode == ScaleMode::kDelayed || p.mode == ScaleMode::kCurrent)) {
     TE_SWITCH_IN_DTYPE(in_dtype, T, {
       if (p.mode == ScaleMode::kDelayed) {
         launch_pipe<Op, kBwd, T, OutKind::kDelayed>(p, stream);

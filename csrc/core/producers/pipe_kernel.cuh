@@ -1,5 +1,6 @@
-// The pipelined tile kernel (act_pipe_kernel): FP8 or NVFP4 outputs with a transposed copy on aligned rows, no
-// dbias; persistent blocks stream 128 x 64 tiles through cp.async stages. nv_pipe_tile is its NVFP4 tile body.
+// The pipelined tile kernel (act_pipe_kernel): FP8 or NVFP4 outputs with a transposed copy on aligned rows (FP8
+// also with dbias); persistent blocks stream 128 x 64 tiles through cp.async stages. nv_pipe_tile is its NVFP4
+// tile body.
 // Invariant: a thread reads back from shared memory only what it copied itself, so the input stages need no
 // barrier; the staged transposed tile keeps the tile kernel's two.
 #pragma once
@@ -111,12 +112,17 @@ __device__ __forceinline__ void nv_pipe_tile(const ActKernelParams& p, const NvG
 }
 
 // ---- Pipelined tile kernel (transposed copies) ----------------------------------------------------------------
-// FP8 output with a transposed copy, aligned rows, no dbias. Persistent blocks walk 128 x 64 tiles (column tile
-// fastest, so the blocks in flight together read whole rows); each thread copies its own 4 rows x 8 positions of
-// every input stream into shared memory with cp.async, kStages - 1 tiles ahead of the one it computes, so loads
-// stay in flight while the block encodes, stages and stores the transposed codes. A thread reads back only what
-// it copied itself, so the input buffers need no barrier; the staged transposed tile keeps the tile kernel's two.
+// FP8 output with a transposed copy, aligned rows. Persistent blocks walk 128 x 64 tiles (column tile fastest, so
+// the blocks in flight together read whole rows); each thread copies its own 4 rows x 8 positions of every input
+// stream into shared memory with cp.async, kStages - 1 tiles ahead of the one it computes, so loads stay in flight
+// while the block encodes, stages and stores the transposed codes. A thread reads back only what it copied
+// itself, so the input buffers need no barrier; the staged transposed tile keeps the tile kernel's two.
+// dbias (unary backward ops, act_dbias_rows >= kPipeDbiasMinRows): a 128-row tile holds whole partial-row blocks
+// (act_dbias_rows is a power of two <= 128), so a tile's column sums go straight to their partial rows: each thread
+// sums its 4 rows, a warp its 4 row groups (two shuffles: 16 rows), and the block the warps of each partial row
+// through 2 KB of shared memory, inside the two barriers the transposed tile already has.
 constexpr int kPipeStages = 2;
+constexpr int64_t kPipeDbiasMinRows = 4 * kRowsPerThread;  // one warp's 4 row groups
 
 template <class Op, bool kBwd, typename InT> struct PipeLayout {
   static constexpr int kStreams = 1 + int(Op::kGated) + int(kBwd);
@@ -141,6 +147,7 @@ template <class Op, bool kBwd, typename InT> struct PipeLayout {
 struct PipeGeom {
   int64_t col_tiles = 1;
   int64_t tiles = 1;
+  int64_t dbias_rows = kActBlockRows;  // act_dbias_rows of the shape (with dbias)
 };
 
 // The NVFP4 tiles keep a tile's rounded values in registers until the column scales are known: 2 blocks per SM (up
@@ -162,6 +169,9 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
   uint32_t* tile = reinterpret_cast<uint32_t*>(smem + kPipeStages * L::kStageBytes);
   const float* lut = reinterpret_cast<const float*>(smem + L::kLutOffset);
   __shared__ float red[kThreads / 32];
+  // dbias exists for unary backward ops and the plain cast (bgrad_quantize); FP8 outputs only.
+  constexpr bool kHasDbias = Tr::kFp8 && !kGated && (kBwd || std::is_same<typename Op::Fn, Identity>::value);
+  __shared__ float dred[kHasDbias ? (kThreads / 32) * kTileCols : 1];  // [warp][position] sums of 16 rows
 
   if (p.noop != nullptr && *p.noop == 1.0f) return;
   const float scale = kind_scale<kOut>(p);
@@ -228,6 +238,7 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
       continue;
     }
     uint32_t tw[kOuts][kVec] = {};  // byte i of word k = code of (row i of this thread's 4, position c0 + k)
+    float dsum[kVec] = {};          // dbias: this thread's column sums of its 4 rows (unrounded values, SPEC §5.2)
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int64_t r = m0 + rgroup * kRowsPerThread + i;
@@ -244,6 +255,11 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
 #pragma unroll
             for (int k = 0; k < kVec; ++k) amax = amax_update(amax, out[h][k]);
         }
+        if constexpr (kHasDbias) {
+          if (valid)
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) dsum[k] += out[h][k];
+        }
         const uint2 w = p.e4m3 ? encode8_t<InT, Tr::kRound, true>(out[h], scale)
                                : encode8_t<InT, Tr::kRound, false>(out[h], scale);
         if (valid && p.out != nullptr)
@@ -252,12 +268,37 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
         for (int k = 0; k < kVec; ++k) tw[h][k] |= (((k < 4 ? w.x : w.y) >> (8 * (k % 4))) & 0xFFu) << (8 * i);
       }
     }
-    __syncthreads();  // the previous tile's staged codes have been read
+    const bool dbias = kHasDbias && p.dbias_partial != nullptr;
+    if (dbias) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {  // the warp's 4 row groups: lanes 8 and 16 apart
+        dsum[k] += __shfl_xor_sync(0xFFFFFFFFu, dsum[k], 8);
+        dsum[k] += __shfl_xor_sync(0xFFFFFFFFu, dsum[k], 16);
+      }
+    }
+    __syncthreads();  // the previous tile's staged codes and warp sums have been read
+    if (dbias && tid % 32 < 8) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) dred[(tid / 32) * kTileCols + cchunk * kVec + k] = dsum[k];
+    }
 #pragma unroll
     for (int h = 0; h < kOuts; ++h)
 #pragma unroll
       for (int k = 0; k < kVec; ++k) tile[h * kTileCols * 32 + tile_word(cchunk * kVec + k, rgroup)] = tw[h][k];
     __syncthreads();
+    if (dbias) {
+      // Partial row j of this tile: warps j * per .. (j + 1) * per - 1, added in order.
+      const int per = int(geo.dbias_rows / kPipeDbiasMinRows), nsub = (kThreads / 32) / per;
+      for (int v = tid; v < kTileCols * nsub; v += kThreads) {
+        const int col = v % kTileCols, j = v / kTileCols;
+        const int64_t mrow = m0 + int64_t(j) * geo.dbias_rows;
+        if (col_base + col < cols && mrow < rows) {
+          float sum = 0.0f;
+          for (int w = j * per; w < (j + 1) * per; ++w) sum += dred[w * kTileCols + col];
+          p.dbias_partial[(mrow / geo.dbias_rows) * cols + col_base + col] = sum;
+        }
+      }
+    }
 #pragma unroll
     for (int h = 0; h < kOuts; ++h)
       store_transposed_tile(tile + h * kTileCols * 32, p.out_t + h * cols * rows, col_base, m0, rows, cols);
