@@ -15,7 +15,8 @@
 // the pipeline needs no block barrier and no registers for the tiles in flight). Scale padding is written as zero
 // by the tiles on the last row / column. A rowwise-only request on aligned rows instead goes to the streaming rowwise
 // kernel of act_cuda.cuh (output kind kMxRow: a 1x32 block is 4 consecutive lanes), which needs no tiles; both
-// copies of a unary forward op without dbias go to the warp-tile kernel below (no block barriers).
+// copies of a unary op (forward, or backward with or without dbias) go to the warp-tile kernel below (no block
+// barriers).
 #pragma once
 
 #include "../launch.cuh"
@@ -310,7 +311,7 @@ __device__ __forceinline__ void mx_scale_padding(const Mxfp8Params& p, const MxG
   }
 }
 
-// ---- Warp-tile kernel: both copies of a unary forward op, no dbias ----------------------------------------------
+// ---- Warp-tile kernel: both copies of a unary op (forward; backward with or without dbias) -------------------------
 // Each warp owns whole 32 x 64 tiles (no block barriers): lane l takes the 8 columns 8*(l%8).. of rows
 // 8*(l/8)..+7. While a tile is computed, the lane's 8 chunks of the warp's next two tiles are in flight through
 // cp.async into its own shared-memory slots (two stages, each refilled as soon as the lane has read its tile into
@@ -321,8 +322,11 @@ __device__ __forceinline__ void mx_scale_padding(const Mxfp8Params& p, const MxG
 // columnwise scales, and pass 2 encodes the columnwise codes from the kept values. A lane's 8 rows and 8 columns
 // have their scale bytes at fixed steps from the first (MxGeom::row_scale_step; 1 or 16 for the columns), so no
 // scale offset is computed per row or column.
+// Backward (dact of grad and x; MxWarpBwdLayout): two input streams, so one stage a warp (the tile moves to
+// registers before its slot takes the next tile's copies) and bf16 inputs look the derivative up in the FP32 bwd
+// table; dbias sums the unrounded values of the lane's 8 rows, then the 4 row groups (two shuffles): a warp's tile
+// is one whole 32-row partial row, stored by the lanes of row group 0 (no shared memory, no barrier).
 constexpr int kMxWarpRows = 8;  // rows per lane
-constexpr int kMxWarpStages = 2;
 
 // Shared memory of the warp-tile kernel: per warp and stage a slot of 8 rows x 32 lanes of chunks (4 KB for 16-bit
 // inputs). kLut (bf16 inputs of a tabulated functor): the split bf16 table of rnd_in(fwd) (act_cuda::half_lut_fill,
@@ -330,8 +334,10 @@ constexpr int kMxWarpStages = 2;
 // negative half (80 KB in all: two blocks per SM, as with the 32 KB FP32 table before it, whose lookups took more
 // integer instructions: gelu -> MXFP8 both copies 176.4 -> 169.7 us, H200).
 template <typename InT, bool kLut> struct MxWarpLayout {
+  static constexpr int kStages = 2;
+  static constexpr int kStreams = 1;
   static constexpr size_t kStageBytes = size_t(kMxWarpRows) * 32 * sizeof(Vec8<InT>);
-  static constexpr int kSlots = kMxWarps * kMxWarpStages;
+  static constexpr int kSlots = kMxWarps * kStages;
   static constexpr int kGapSlots =
       kLut ? int((act_cuda::kHalfLutNegOffset - act_cuda::kHalfLutHalfBytes) / kStageBytes) : 0;
   static constexpr size_t kTail = act_cuda::kHalfLutNegOffset + act_cuda::kHalfLutHalfBytes;
@@ -341,24 +347,42 @@ template <typename InT, bool kLut> struct MxWarpLayout {
                                   : kTail + size_t(s - kGapSlots) * kStageBytes);
   }
   static constexpr size_t kBytes = slot_offset(kSlots);
+  static constexpr size_t kLutOffset = 0;  // the split table starts the buffer
   static_assert(!kLut || (sizeof(InT) == 2 && kGapSlots <= kSlots), "the split table is for bf16 inputs");
 };
 
-template <class Op, typename InT, bool kLut>
+// Backward: per warp one stage of two slots (x, grad), then the FP32 bwd table (bf16 inputs of a tabulated functor;
+// 64 + 32 KB for bf16: two blocks per SM).
+template <class Op, typename InT, bool kLut> struct MxWarpBwdLayout {
+  static constexpr int kStages = 1;
+  static constexpr int kStreams = 2;
+  static constexpr size_t kStageBytes = size_t(kMxWarpRows) * 32 * sizeof(Vec8<InT>);
+  static constexpr int kSlots = kMxWarps * kStages * kStreams;
+  static constexpr size_t slot_offset(int s) { return size_t(s) * kStageBytes; }
+  static constexpr size_t kLutOffset = slot_offset(kSlots);
+  static constexpr size_t kBytes = kLutOffset + (kLut ? act_cuda::LutPlan<Op, true>::kBytes : 0);
+};
+template <class Op, bool kBwd, typename InT, bool kLut>
+using MxWarpLayoutOf = std::conditional_t<kBwd, MxWarpBwdLayout<Op, InT, kLut>, MxWarpLayout<InT, kLut>>;
+
+template <class Op, bool kBwd, typename InT, bool kLut>
 __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Params p, const MxGeom geo) {
   static_assert(!Op::kGated, "unary ops only");
-  using WL = MxWarpLayout<InT, kLut>;
+  using WL = MxWarpLayoutOf<Op, kBwd, InT, kLut>;
+  constexpr int kStages = WL::kStages, kStreams = WL::kStreams;
   extern __shared__ __align__(16) unsigned char mxw_smem[];
   if (p.noop != nullptr && *p.noop == 1.0f) return;
   const int64_t rows = p.rows, out_cols = geo.out_cols;
   const char* x = static_cast<const char*>(p.x);
+  const char* g = static_cast<const char*>(p.grad);
+  const float* lut = reinterpret_cast<const float*>(mxw_smem + WL::kLutOffset);
   const int lane = threadIdx.x % 32, cc = lane % 8, rg = lane / 8, warp = threadIdx.x / 32;
   const int64_t warps = int64_t(gridDim.x) * kMxWarps;
-  static_assert(kMxWarpStages == 2, "two slots per warp");
-  unsigned char* const slots[2] = {mxw_smem + WL::slot_offset(warp * kMxWarpStages) + lane * sizeof(Vec8<InT>),
-                                   mxw_smem + WL::slot_offset(warp * kMxWarpStages + 1) + lane * sizeof(Vec8<InT>)};
-  // This lane's chunk of row i in a stage's slot.
-  auto slot = [&](int stage, int i) { return (stage ? slots[1] : slots[0]) + i * 32 * sizeof(Vec8<InT>); };
+  // This lane's chunk of row i of an input stream in a stage's slot.
+  auto slot = [&](int stage, int stream, int i) {
+    return mxw_smem + WL::slot_offset((warp * kStages + stage) * kStreams + stream) +
+           (i * 32 + lane) * sizeof(Vec8<InT>);
+  };
   auto issue = [&](int64_t t, int stage) {
     if (t < geo.n_tiles) {
       const int64_t tr = t / geo.n_col_tiles, tc = t - tr * geo.n_col_tiles;
@@ -368,29 +392,36 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
         const bool ok = c0 < out_cols && r0 + i < rows;
         const int64_t off = ok ? ((r0 + i) * out_cols + c0) * int64_t(sizeof(InT)) : 0;
 #pragma unroll
-        for (int b = 0; b < int(sizeof(Vec8<InT>)); b += 16) act_cuda::cp_async16(slot(stage, i) + b, x + off + b, ok);
+        for (int b = 0; b < int(sizeof(Vec8<InT>)); b += 16) {
+          act_cuda::cp_async16(slot(stage, 0, i) + b, x + off + b, ok);
+          if constexpr (kBwd) act_cuda::cp_async16(slot(stage, 1, i) + b, g + off + b, ok);
+        }
       }
     }
     act_cuda::cp_async_commit();  // an empty group past the last tile keeps the wait count uniform
   };
   int64_t t = int64_t(blockIdx.x) * kMxWarps + warp;
 #pragma unroll
-  for (int s = 0; s < kMxWarpStages; ++s) issue(t + s * warps, s);
-  if constexpr (kLut) act_cuda::half_lut_fill<Op, kMxThreads>(mxw_smem, p.act);  // overlaps the first copies
+  for (int s = 0; s < kStages; ++s) issue(t + s * warps, s);
+  if constexpr (kLut && kBwd) act_cuda::lut_fill<Op, true, kMxThreads>(const_cast<float*>(lut), p.act);
+  if constexpr (kLut && !kBwd) act_cuda::half_lut_fill<Op, kMxThreads>(mxw_smem, p.act);  // overlaps the copies
   for (int it = 0; t < geo.n_tiles; ++it, t += warps) {
-    const int stage = it % kMxWarpStages;
-    act_cuda::cp_async_wait<kMxWarpStages - 1>();  // this lane's copies of tile t have landed
+    const int stage = it % kStages;
+    act_cuda::cp_async_wait<kStages - 1>();  // this lane's copies of tile t have landed
     const int64_t tr = t / geo.n_col_tiles, tc = t - tr * geo.n_col_tiles;
     const int64_t c0 = tc * kMxTileCols + cc * kVec;
     const int64_t r0 = tr * kMxTileRows + rg * kMxWarpRows;
     const bool col_ok = c0 < out_cols;
-    Vec8<InT> keep[kMxWarpRows];
+    Vec8<InT> keep[kMxWarpRows], grad[kBwd ? kMxWarpRows : 1];
 #pragma unroll
-    for (int i = 0; i < kMxWarpRows; ++i) keep[i] = *reinterpret_cast<const Vec8<InT>*>(slot(stage, i));
-    // The tile now lives in registers: its slots take the copies of the tile kMxWarpStages ahead at once, so that
+    for (int i = 0; i < kMxWarpRows; ++i) {
+      keep[i] = *reinterpret_cast<const Vec8<InT>*>(slot(stage, 0, i));
+      if constexpr (kBwd) grad[i] = *reinterpret_cast<const Vec8<InT>*>(slot(stage, 1, i));
+    }
+    // The tile now lives in registers: its slots take the copies of the tile kStages ahead at once, so that
     // many tiles are in flight during this one's math (the lane's own reads above were issued first; the copies
     // land a global-memory latency later).
-    issue(t + kMxWarpStages * warps, stage);
+    issue(t + kStages * warps, stage);
     // Rows of this lane that exist (none past the last column); the staged copies of the others are zero-filled.
     const int n_ok = col_ok ? int(min(rows - r0, int64_t(kMxWarpRows))) : 0;
     // This lane's first row of codes (the next ones follow out_cols bytes apart) and scale bytes of its first row /
@@ -400,15 +431,25 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
     uint8_t* row_scale =
         p.row_data == nullptr ? nullptr : p.row_scale + mx_row_scale_offset(r0, c0 / kMxBlock, out_cols, p.swizzled);
     const int64_t cs0 = mx_col_scale_offset(tr, c0, rows, out_cols, p.swizzled);
-    float cmax[kVec];
+    float cmax[kVec], dsum[kVec];
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) cmax[k] = 0.0f;
+    for (int k = 0; k < kVec; ++k) cmax[k] = dsum[k] = 0.0f;
 #pragma unroll
     for (int i = 0; i < kMxWarpRows; ++i) {
       const bool ok = i < n_ok;
       float v[kVec];  // rnd_in(op) (SPEC §5.1); keep[i] becomes the same values as InT
       bool hit = false;
-      if constexpr (kLut) {
+      if constexpr (kBwd) {
+        float out[2][kVec];
+        act_cuda::eval8<Op, true, kLut>(keep[i], keep[i], grad[i], p.act, lut, out);
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          if (ok) dsum[k] += out[0][k];  // dbias sums the unrounded values (SPEC §5.2)
+          v[k] = round_to<InT>(out[0][k]);
+        }
+        keep[i] = pack_exact<InT>(v);
+        hit = true;
+      } else if constexpr (kLut) {
         uint32_t off[kVec];
         if (act_cuda::lut_offsets<true>(keep[i], off)) {
           uint32_t* w = reinterpret_cast<uint32_t*>(&keep[i]);
@@ -453,6 +494,18 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
       cmul[k] = e8m0_multiplier_finite(e);
       ecodes[k / 4] |= e << (8 * (k % 4));
     }
+    if (kBwd && p.dbias_partial != nullptr) {
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {  // the 4 row groups, lanes 8 and 16 apart
+        dsum[k] += __shfl_xor_sync(0xFFFFFFFFu, dsum[k], 8);
+        dsum[k] += __shfl_xor_sync(0xFFFFFFFFu, dsum[k], 16);
+      }
+      if (rg == 0 && col_ok) {
+        float* dst = p.dbias_partial + tr * out_cols + c0;  // 32-byte aligned: out_cols % 8 == 0, c0 % 8 == 0
+        *reinterpret_cast<float4*>(dst) = make_float4(dsum[0], dsum[1], dsum[2], dsum[3]);
+        *reinterpret_cast<float4*>(dst + 4) = make_float4(dsum[4], dsum[5], dsum[6], dsum[7]);
+      }
+    }
     if (rg == 0 && col_ok) {
       if (geo.col_scale_vec) {  // compact, 8-byte aligned: the 8 column scales are 8 consecutive bytes
         *reinterpret_cast<uint2*>(p.col_scale + cs0) = make_uint2(ecodes[0], ecodes[1]);
@@ -475,13 +528,13 @@ __global__ void __launch_bounds__(kMxThreads, 2) mxfp8_warp_kernel(const Mxfp8Pa
   mx_scale_padding(p, geo);
 }
 
-template <class Op, typename T>
+template <class Op, bool kBwd, typename T>
 void launch_mxfp8_warp(const Mxfp8Params& p, MxGeom geo, cudaStream_t stream) {
   geo.row_scale_step = p.swizzled ? 16 : roundup(geo.out_cols / kMxBlock, 4);
   geo.col_scale_vec = !p.swizzled && (reinterpret_cast<uintptr_t>(p.col_scale) % 8) == 0;
   constexpr bool kLut = Op::Fn::kTabulate && std::is_same<T, bf16_t>::value;
-  constexpr auto kernel = mxfp8_warp_kernel<Op, T, kLut>;
-  const size_t smem = MxWarpLayout<T, kLut>::kBytes;
+  constexpr auto kernel = mxfp8_warp_kernel<Op, kBwd, T, kLut>;
+  const size_t smem = MxWarpLayoutOf<Op, kBwd, T, kLut>::kBytes;
   const int per_sm = std::max(1, act_cuda::resident_per_sm<kernel>(kMxThreads, smem));
   const int64_t warp_tiles_per_block = kMxThreads / 32;
   const int64_t blocks = std::min((geo.n_tiles + warp_tiles_per_block - 1) / warp_tiles_per_block,
@@ -532,12 +585,23 @@ template <class Op, bool kBwd> void launch_mxfp8(DType in_dtype, const Mxfp8Para
     act_cuda::check_launch("MXFP8 quantize kernel (rowwise)");
     return;
   }
-  if constexpr (!kBwd && !Op::kGated) {
-    // Both copies of a unary forward op, no dbias, aligned: warp-owned tiles, no block barriers.
-    if (geo.vec && p.col_data != nullptr && p.dbias_partial == nullptr) {
-      TE_SWITCH_IN_DTYPE(in_dtype, T, { launch_mxfp8_warp<Op, T>(p, geo, stream); });
-      act_cuda::check_launch("MXFP8 quantize kernel (warp tiles)");
-      return;
+  if constexpr (!Op::kGated) {
+    // Both copies of a unary op (a forward op without dbias, a backward op with or without), aligned: warp-owned
+    // tiles, no block barriers.
+    if (geo.vec && p.col_data != nullptr && (kBwd || p.dbias_partial == nullptr) &&
+        (p.dbias_partial == nullptr || (reinterpret_cast<uintptr_t>(p.dbias_partial) % 16) == 0)) {
+      bool done = false;
+      TE_SWITCH_IN_DTYPE(in_dtype, T, {
+        // A backward lane keeps 8 chunks of two streams in registers: FP32 inputs would spill (the tile kernel).
+        if constexpr (!kBwd || sizeof(T) == 2) {
+          launch_mxfp8_warp<Op, kBwd, T>(p, geo, stream);
+          done = true;
+        }
+      });
+      if (done) {
+        act_cuda::check_launch("MXFP8 quantize kernel (warp tiles)");
+        return;
+      }
     }
   }
   TE_SWITCH_IN_DTYPE(in_dtype, T, { launch_mxfp8_t<Op, kBwd, T>(p, geo, stream); });
