@@ -223,6 +223,7 @@ def make_reference(op, quant, columnwise, in_dtype):
             out.update(mxfp8_ref(a, in_dtype, columnwise))
         elif quant == "fp8block":
             out.update(fp8_block_ref(a, in_dtype, columnwise))
+            out["fb_exact"] = op == "quantize"  # no activation math: bytes must be equal
         elif quant == "nvfp4":
             out.update(nvfp4_ref(a, in_dtype, columnwise))
         else:
@@ -307,18 +308,32 @@ def _requested_copies(got, ref, prefix, scale_suffix, fmt):
 
 
 def compare_fb(got, ref, info):
-    """FP8 block pieces: a plain cast has no activation math, so codes and scales must equal the reference's."""
+    """FP8 block pieces. A plain cast has no activation math, so codes and scales must equal the reference's. After
+    an activation (ours evaluates it with its own FP32 math, the reference with torch's) SPEC 5.2's rule: one-code
+    differences on at most 0.5 % of the codes and scales, never two codes, never a sign change."""
+    exact = ref.get("fb_exact", True)
     for side, label, q, sinv, rq in _requested_copies(got, ref, "fb", "_sinv", "FP8 block"):
         rq, rs = rq.view(torch.uint8), ref[f"fb_{side}_sinv"]
         r, nb = rs.shape
         # the op stores [K/128, roundup(M, 4)] (M contiguous); a compiled reference has the reference's own layout
         ours_sinv = sinv if tuple(sinv.shape) == tuple(rs.shape) else sinv[:nb, :r].t()
-        if not torch.equal(ours_sinv, rs):
-            raise ValidationError(f"{label} FP8 block scale_inv differs from the reference")
-        n_bad = int((q.view(torch.uint8) != rq).sum().item())
-        if n_bad:
+        s_bad = int((ours_sinv != rs).sum().item())
+        if s_bad and (exact or s_bad > 0.005 * rs.numel()):
+            raise ValidationError(f"{label} FP8 block scale_inv: {s_bad} of {rs.numel()} differ from the reference")
+        q8 = q.view(torch.uint8)
+        n_bad = int((q8 != rq).sum().item())
+        if n_bad and not exact:
+            # E4M3 codes: the sign is bit 7 and the magnitude bits are monotone, so one step is a difference of 1
+            step = ((q8 & 0x7F).int() - (rq & 0x7F).int()).abs()
+            sign = ((q8 ^ rq) & 0x80).bool() & ((q8 & 0x7F) != 0) & ((rq & 0x7F) != 0)
+            if int((step > 1).sum().item()) or int(sign.sum().item()) or n_bad > 0.005 * q8.numel():
+                raise ValidationError(f"{label} FP8 block data: {n_bad} of {q.numel()} bytes differ from the "
+                                      f"reference (beyond SPEC 5.2's one-code rule)")
+            info.append(f"{label} FP8 block: {n_bad} one-code differences (SPEC 5.2)")
+        elif n_bad:
             raise ValidationError(f"{label} FP8 block data: {n_bad} of {q.numel()} bytes differ from the reference")
-        info.append(f"{label} FP8 block bytes and scales equal to reference")
+        else:
+            info.append(f"{label} FP8 block bytes and scales equal to reference")
 
 
 def nv_dequant(packed, sf, amax):

@@ -234,3 +234,28 @@ def test_gemm_validation_rejects_a_wrong_product(tex):
     out = tex.general_gemm(W, X, out_dtype=BF16)[0]
     assert BG.ref_close(out, X, W, *B.TOL_E4M3)
     assert not BG.ref_close(out.flip(0), X, W, *B.TOL_E4M3)
+
+
+def test_fp8_block_one_code_rule():
+    """After an activation, compare_fb accepts one-code differences (SPEC 5.2) but not two codes or a sign flip;
+    a plain cast accepts none."""
+    spec = next(s for s in BA.CASE_SPECS if s.op == "dbias_dgelu" and s.quant == "fp8block")
+    inputs = inputs_of(spec)
+    base = baseline_of(spec, inputs, None)
+    assert base["fb_exact"] is False
+
+    def with_code(delta=0, sign=False):
+        got = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in base.items()}
+        q = got["fb_row"].view(torch.uint8).reshape(-1)
+        i = int(((q & 0x7F) > 4).nonzero()[0, 0])  # a code with room on both sides
+        q[i] = (q[i] ^ 0x80) if sign else (q[i] + delta)
+        return got
+
+    info = []
+    B.compare_fb(with_code(1), dict(base), info)
+    assert any("one-code" in s for s in info)
+    for bad in (with_code(2), with_code(sign=True)):
+        with pytest.raises(B.ValidationError):
+            B.compare_fb(bad, dict(base), [])
+    with pytest.raises(B.ValidationError):
+        B.compare_fb(with_code(1), dict(base, fb_exact=True), [])
