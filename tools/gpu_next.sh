@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The measurements the 2026-11-29 (third) stop left for the next GPU session, in the order of their value, each
+# The measurements the 2026-11-29 (fourth) stop left for the next GPU session, in the order of their value, each
 # with a time limit so that one device call (600 s) leaves its logs in $OUT even when a step runs long:
-#   1. wip/nvfp4_cast_fast.patch applied, clean build (timed), the NVFP4 CUDA tests, the cast times
-#   2. bench_block_gemm (the torch MLP rows now interleaved; the layers now free their quantized copies early)
-#   3. the MLP step's kernels and peaks (tools/prof_step.py)
+#   1. wip/nvfp4_amax_encode.patch applied, clean build (timed), the NVFP4 CUDA tests, the cast times
+#   2. bench_block_gemm (MXFP8 / NVFP4 GEMMs and MLP steps against bf16)
+#   3. the MLP step's kernels, peaks and host side (tools/prof_step.py --host), then tools/step_host_probe.py:
+#      the benchmark's steps with and without a GPU spin before each, with SM clocks and power (host- or
+#      power-bound?)
 #   4. (acts, not in the default list: minutes of torch.compile) bench_activations' dgelu rows, the backward's
 #      casts with both copies (issue 34 item 2)
 #   5. (normbwd, not in the default list) tools/norm_probe.cu before and after wip/norm_bwd_prefetch.patch: the
@@ -24,7 +26,7 @@ for step in $steps; do
   t0=$(date +%s)
   case $step in
     patch)
-      git apply wip/nvfp4_cast_fast.patch || { note "patch: does not apply"; exit 1; } ;;
+      git apply wip/nvfp4_amax_encode.patch || { note "patch: does not apply"; exit 1; } ;;
     build)
       MAX_JOBS=${MAX_JOBS:-16} STEP_LIMIT=240 OUT=$OUT bash tools/gpu_check.sh build || { note "build failed"; exit 1; }
       ;;
@@ -54,8 +56,9 @@ for step in $steps; do
         timeout 200 /tmp/probe_after 2>&1 | grep -E "bwd|bytes" | sed 's/^/after: /' | tee -a "$OUT/summary.txt"
       git apply -R wip/norm_bwd_prefetch.patch ;;
     prof)
-      timeout 90 python3 tools/prof_step.py --recipes bf16,MXFP8,NVFP4 >"$OUT/prof_step.txt" 2>&1
-      grep "==" "$OUT/prof_step.txt" | tee -a "$OUT/summary.txt" ;;
+      timeout 90 python3 tools/prof_step.py --recipes bf16,MXFP8,NVFP4 --host >"$OUT/prof_step.txt" 2>&1
+      grep -E "==|host:|idle" "$OUT/prof_step.txt" | tee -a "$OUT/summary.txt"
+      timeout 90 python3 tools/step_host_probe.py 2>&1 | grep -v -i warn | tee -a "$OUT/summary.txt" ;;
     *) note "unknown step $step"; exit 2 ;;
   esac
   note "$(printf '%-8s %5d s' "$step" $(( $(date +%s) - t0 )))"
