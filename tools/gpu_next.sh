@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The measurements the 2026-11-29 (fourth) stop left for the next GPU session, in the order of their value, each
 # with a time limit so that one device call (600 s) leaves its logs in $OUT even when a step runs long:
-#   1. wip/nvfp4_amax_encode.patch applied, clean build (timed), the NVFP4 CUDA tests, the cast times
+#   1. wip/nvfp4_amax_encode.patch and wip/nvfp4_dbias_fused.patch applied, clean build (timed), the NVFP4 CUDA
+#      tests, the cast times
 #   2. bench_block_gemm (MXFP8 / NVFP4 GEMMs and MLP steps against bf16)
 #   3. the MLP step's kernels, peaks and host side (tools/prof_step.py --host), then tools/step_host_probe.py:
 #      the benchmark's steps with and without a GPU spin before each, with SM clocks and power (host- or
@@ -26,7 +27,9 @@ for step in $steps; do
   t0=$(date +%s)
   case $step in
     patch)
-      git apply wip/nvfp4_amax_encode.patch || { note "patch: does not apply"; exit 1; } ;;
+      for f in wip/nvfp4_amax_encode.patch wip/nvfp4_dbias_fused.patch; do
+        git apply "$f" || { note "patch: $f does not apply"; exit 1; }
+      done ;;
     build)
       MAX_JOBS=${MAX_JOBS:-16} STEP_LIMIT=240 OUT=$OUT bash tools/gpu_check.sh build || { note "build failed"; exit 1; }
       ;;
@@ -41,8 +44,9 @@ for step in $steps; do
       note "bench_block_gemm (exit $?):"
       tail -10 /tmp/block_gemm.log | tee -a "$OUT/summary.txt" ;;
     acts)
-      timeout 400 python3 benchmarks/bench_activations.py --only dgelu --json /tmp/acts.json >/tmp/acts.log 2>&1
-      note "bench_activations --only dgelu (exit $?):"
+      timeout 300 python3 benchmarks/bench_activations.py --only "+T 16384" --only "+col 16384" \
+        --only "(+T) 16384" --json /tmp/acts.json >/tmp/acts.log 2>&1
+      note "bench_activations, the both-copy rows (exit $?):"
       grep -E "dgelu|NOT MET|MET " /tmp/acts.log | tail -30 | tee -a "$OUT/summary.txt" ;;
     normbwd)
       probe() {
