@@ -101,7 +101,7 @@ def _tp_quantizer(cfg, rowwise, columnwise, scale, history, slot, group):
     TP group, so every rank quantizes with the same scale (delayed scaling gets the same from its TP-reduced amax
     history, update_delayed_scaling(tp_group=...))."""
     return build_quantizer(cfg, rowwise, columnwise, *slot_views(scale, history, slot),
-                           amax_reduction_group=group if cfg[0] == "current" else None)
+                           amax_reduction_group=group if cfg[0] == "current" else None, gemm_swizzled=False)
 
 
 def _transposed_fp8(q):

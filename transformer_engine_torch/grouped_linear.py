@@ -96,9 +96,11 @@ class _GroupedLinearFn(torch.autograd.Function):
         else:
             per_tensor = cfgs[0][0] in _PER_TENSOR
             # Per-tensor FP8's wgrad reads the rowwise values (both copies are one value): no columnwise x, dy.
-            qx = build_quantizer(cfgs[0], True, need_dw and not per_tensor, *slot_views(fs, fh, 0))
+            # The grouped GEMM slices x and dy by group: compact scales (gemm_swizzled=False).
+            qx = build_quantizer(cfgs[0], True, need_dw and not per_tensor, *slot_views(fs, fh, 0), gemm_swizzled=False)
             x_q = qx(x2)
-            w_q = [build_quantizer(cfgs[1], True, need_dx, *slot_views(fs, fh, 1 + g))(weights[g]) for g in range(n)]
+            w_q = [build_quantizer(cfgs[1], True, need_dx, *slot_views(fs, fh, 1 + g), gemm_swizzled=False)(weights[g])
+                   for g in range(n)]
             y = grouped_gemm(x_q, w_q, sizes, out_dtype=act_dtype, use_split_accumulator=False)  # fprop: as Linear
             ctx.x_q = (x_q if per_tensor else keep_columnwise(x_q)) if need_dw else None
             ctx.w_q = [keep_columnwise(q) for q in w_q] if need_dx else None
@@ -134,7 +136,8 @@ class _GroupedLinearFn(torch.autograd.Function):
                 dw = grouped_gemm_wgrad(dy2, x2, sizes, out_dtype=act_dtype)
         elif need_dx or need_dw:
             per_tensor = cfg_g[0] in _PER_TENSOR
-            qg = build_quantizer(cfg_g, need_dx or per_tensor, need_dw and not per_tensor, *slot_views(bs, bh, 0))
+            qg = build_quantizer(cfg_g, need_dx or per_tensor, need_dw and not per_tensor, *slot_views(bs, bh, 0),
+                                 gemm_swizzled=False)
             dy_q = qg(dy2)
             if need_dx and per_tensor:
                 # FP8 tensor cores multiply only "NK" operands: W_gᵀ [in, out] is W_g's columnwise copy, as stored.

@@ -233,11 +233,14 @@ class Float8BlockScaling(Recipe):
         return ("block", dtype, self.force_pow_2_scales, 2 if role == "weight" else 1)
 
 
-def build_quantizer(cfg: tuple, rowwise: bool, columnwise: bool, scale=None, amax=None, amax_reduction_group=None):
+def build_quantizer(cfg: tuple, rowwise: bool, columnwise: bool, scale=None, amax=None, amax_reduction_group=None,
+                    gemm_swizzled: bool = True):
     """The quantizer of a config from `Recipe.quantizer_config`, with the given usages. Delayed scaling takes the
     slot's one-element `scale` and `amax` views (amax = the slot's entry in row 0 of the amax history). Current
     scaling with `amax_reduction_group`: the tensor's amax is MAX-reduced over that group before the scale is taken
-    (tensor-parallel layers: every rank's shard then has the same scale)."""
+    (tensor-parallel layers: every rank's shard then has the same scale). MXFP8 / NVFP4 tensors that only feed GEMMs
+    (`gemm_swizzled`, the layers' default) are written with GEMM-swizzled scales (`optimize_for_gemm`), so no GEMM
+    swizzles a temporary copy of their scales; callers that slice or gather the tensors pass False."""
     kind = cfg[0]
     if kind == "delayed":
         # The recipe's scales stay finite (SPEC §4.3 keeps the old scale for a non-finite amax, an Inf result becomes
@@ -250,14 +253,18 @@ def build_quantizer(cfg: tuple, rowwise: bool, columnwise: bool, scale=None, ama
                                                          with_amax_reduction=amax_reduction_group is not None,
                                                          amax_reduction_group=amax_reduction_group)
     if kind == "mxfp8":
-        return _formats.MXFP8Quantizer(cfg[1], rowwise=rowwise, columnwise=columnwise)
+        q = _formats.MXFP8Quantizer(cfg[1], rowwise=rowwise, columnwise=columnwise)
+        q.optimize_for_gemm = gemm_swizzled
+        return q
     if kind == "nvfp4":
         cls = getattr(_formats, "NVFP4Quantizer", None)
         if cls is None:
             NVFP4BlockScaling().check_available()
         _, rht, sr, two_d = cfg
-        return cls(rowwise=rowwise, columnwise=columnwise, with_rht=rht, with_post_rht_amax=rht,
-                   with_2d_quantization=two_d, stochastic_rounding=sr)
+        q = cls(rowwise=rowwise, columnwise=columnwise, with_rht=rht, with_post_rht_amax=rht,
+                with_2d_quantization=two_d, stochastic_rounding=sr)
+        q.optimize_for_gemm = gemm_swizzled
+        return q
     if kind == "block":
         cls = getattr(_formats, "Float8BlockQuantizer", None)
         if cls is None:

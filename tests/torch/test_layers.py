@@ -761,3 +761,18 @@ def test_cuda_matches_cpu(recipe):
     torch.testing.assert_close(y_gpu.cpu().double(), y_cpu.double(), **OUT_TOL)
     for a, b in zip(g_gpu, g_cpu):
         torch.testing.assert_close(a.cpu().double(), b.double(), **GRAD_TOL)
+
+
+@pytest.mark.parametrize("recipe_name", ["MXFP8BlockScaling", "NVFP4BlockScaling"])
+def test_layer_quantizers_write_gemm_swizzled_scales(recipe_name):
+    """The layers' MXFP8 / NVFP4 quantizers write GEMM-swizzled scales (no GEMM swizzles a temporary), unless the
+    caller slices the tensors (gemm_swizzled=False); either way the tensor holds the same values."""
+    from transformer_engine_torch.recipe import build_quantizer
+    tex = tex_module()
+    cfg = getattr(tex, recipe_name)().quantizer_config("input")
+    x = torch.randn(64, 128, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    swz, compact = build_quantizer(cfg, True, True), build_quantizer(cfg, True, True, gemm_swizzled=False)
+    assert swz.optimize_for_gemm and not compact.optimize_for_gemm
+    a, b = swz(x), compact(x)
+    assert a._with_gemm_swizzled_scales and not b._with_gemm_swizzled_scales
+    assert torch.equal(a.dequantize(), b.dequantize())
