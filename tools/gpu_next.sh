@@ -62,7 +62,8 @@ for step in $steps; do
     prof)
       timeout 90 python3 tools/prof_step.py --recipes bf16,MXFP8,NVFP4 --host >"$OUT/prof_step.txt" 2>&1
       grep -E "==|host:|idle" "$OUT/prof_step.txt" | tee -a "$OUT/summary.txt"
-      timeout 90 python3 tools/step_host_probe.py 2>&1 | grep -v -i warn | tee -a "$OUT/summary.txt" ;;
+      timeout 90 python3 tools/step_host_probe.py 2>&1 | grep -v -i warn | tee -a "$OUT/summary.txt"
+      timeout 60 python3 tools/clock_probe.py 2>&1 | grep -v -i warn | tee -a "$OUT/summary.txt" ;;
     *) note "unknown step $step"; exit 2 ;;
   esac
   note "$(printf '%-8s %5d s' "$step" $(( $(date +%s) - t0 )))"

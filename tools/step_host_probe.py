@@ -9,9 +9,7 @@ between steps. Either can move the ratio: with the SM clock and board power samp
 """
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 
 import torch
@@ -22,35 +20,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import _harness as H  # noqa: E402
 from bench_mlp import step_fn  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from clock_probe import Clocks  # noqa: E402
+
 TOKENS, HIDDEN, FFN = 8192, 4096, 16384
-
-
-class Clocks:
-    """nvidia-smi sampling the SM clock (MHz) and board power (W) every 50 ms while the block runs."""
-
-    def __enter__(self):
-        self.proc = None
-        if shutil.which("nvidia-smi"):
-            self.proc = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                                          "-lms", "50", "-i", str(torch.cuda.current_device())],
-                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        return self
-
-    def __exit__(self, *exc):
-        self.summary = "no nvidia-smi"
-        if self.proc is None:
-            return False
-        self.proc.terminate()
-        out, _ = self.proc.communicate()
-        rows = [r.split(",") for r in out.strip().splitlines() if r.count(",") == 1]
-        try:
-            mhz = [float(a) for a, _ in rows]
-            watts = [float(b) for _, b in rows]
-            self.summary = (f"SM clock mean {statistics.mean(mhz):.0f} MHz (min {min(mhz):.0f}), "
-                            f"power mean {statistics.mean(watts):.0f} W ({len(rows)} samples)")
-        except (ValueError, statistics.StatisticsError):
-            self.summary = f"unparsed nvidia-smi output: {out[:80]!r}"
-        return False
 
 
 def main():
