@@ -97,24 +97,13 @@ __device__ __forceinline__ float lut_at(const float* lut, uint32_t byte_off) {
   return *reinterpret_cast<const float*>(reinterpret_cast<const char*>(lut) + byte_off);
 }
 
-// Two FP32 values rounded to bf16 (RN, cvt.rn.bf16x2.f32 on sm_80+): lo in the low half, hi in the high half.
-__device__ __forceinline__ uint32_t bf162_bits_rn(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-#else
-  return uint32_t(from_float<bf16_t>(lo).bits) | (uint32_t(from_float<bf16_t>(hi).bits) << 16);
-#endif
-}
-
 // Rounds 8 values to InT and widens them again (rnd_in, SPEC §5.1); bf16 two at a time (one packed conversion
 // per pair, the same RN rounding).
 template <typename InT> __device__ __forceinline__ void round8_in(float (&v)[kVec]) {
   if constexpr (std::is_same<InT, bf16_t>::value) {
 #pragma unroll
     for (int k = 0; k < kVec; k += 2) {
-      const uint32_t w = bf162_bits_rn(v[k], v[k + 1]);
+      const uint32_t w = float2_to_bf16x2(v[k], v[k + 1]);
       v[k] = bits_float(w << 16);
       v[k + 1] = bits_float(w & 0xFFFF0000u);
     }
