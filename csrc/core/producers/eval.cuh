@@ -13,6 +13,11 @@
 namespace te {
 namespace act_cuda {
 
+// dbias (column sums of the op's values) exists for unary backward ops and the plain cast (bgrad_quantize).
+template <class Op, bool kBwd> constexpr bool act_has_dbias() {
+  return !Op::kGated && (kBwd || std::is_same<typename Op::Fn, Identity>::value);
+}
+
 // ---- Exact lookup tables for bf16 inputs ----------------------------------------------------------------------
 // A bf16 input has 65536 possible values; for the functors that cost an exp and a reciprocal (kTabulate), a block
 // fills shared-memory tables of F::fwd / F::bwd at every bf16 of magnitude in [2^-25, 2^7) (bit patterns

@@ -263,8 +263,7 @@ void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
     return;
   }
   const int64_t dbias_rows = act_dbias_rows(p.rows, p.cols);
-  // dbias exists for unary backward ops and the plain cast (bgrad_quantize).
-  constexpr bool kHasDbias = !Op::kGated && (kBwd || std::is_same<typename Op::Fn, Identity>::value);
+  constexpr bool kHasDbias = act_has_dbias<Op, kBwd>();
   if constexpr (kHasDbias) {
     if (vec && has_out && p.out_t == nullptr && p.dbias_partial != nullptr && aligned(p.dbias_partial, 16)) {
       TE_SWITCH_IN_DTYPE(in_dtype, T, {

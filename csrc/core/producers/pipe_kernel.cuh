@@ -169,8 +169,7 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
   uint32_t* tile = reinterpret_cast<uint32_t*>(smem + kPipeStages * L::kStageBytes);
   const float* lut = reinterpret_cast<const float*>(smem + L::kLutOffset);
   __shared__ float red[kThreads / 32];
-  // dbias exists for unary backward ops and the plain cast (bgrad_quantize); FP8 outputs only.
-  constexpr bool kHasDbias = Tr::kFp8 && !kGated && (kBwd || std::is_same<typename Op::Fn, Identity>::value);
+  constexpr bool kHasDbias = Tr::kFp8 && act_has_dbias<Op, kBwd>();  // FP8 outputs only
   __shared__ float dred[kHasDbias ? (kThreads / 32) * kTileCols : 1];  // [warp][position] sums of 16 rows
 
   if (p.noop != nullptr && *p.noop == 1.0f) return;
