@@ -249,6 +249,18 @@ TE_HD void nvfp4_encode_block(const float v[16], uint8_t sf, float s_dec, const 
   }
 }
 
+// One block of a cast: the E4M3 scale code of `amax` into *scale, the 8 code bytes of `v` into `out`; stochastic
+// rounding (`sr`) draws from the block's Philox counter `counter` of copy `copy` (0 rowwise, 1 columnwise) under
+// `key`. The CPU and CUDA cast kernels emit every block through it.
+TE_HD void nvfp4_emit_block(const float v[16], float amax, float s_enc, float s_dec, bool sr, const RngKey& key,
+                            int64_t counter, int copy, uint8_t* scale, uint8_t out[8]) {
+  const uint8_t sf = nvfp4_block_scale(amax, s_enc);
+  *scale = sf;
+  Philox4 bits;
+  if (sr) bits = nvfp4_block_bits(key, counter, copy);
+  nvfp4_encode_block(v, sf, s_dec, sr ? &bits : nullptr, out);
+}
+
 // ---- Params, layouts, launchers -----------------------------------------------------------------------------------
 struct Nvfp4Params {
   const void* x = nullptr;

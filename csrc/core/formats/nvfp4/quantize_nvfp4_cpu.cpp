@@ -57,11 +57,9 @@ template <typename InT> void nv_tile(const Nvfp4Params& p, int64_t tile, float s
         } else {
           for (int k = 0; k < 16; ++k) amax = amax_update(amax, blk[k]);
         }
-        const uint8_t sf = nvfp4_block_scale(amax, s_enc_row);
-        p.row_scale[nv_row_scale_offset(r0 + i, b, cols, p.swizzled)] = sf;
-        Philox4 bits;
-        if (p.sr) bits = nvfp4_block_bits(key, (r0 + i) * nblk + b, 0);
-        nvfp4_encode_block(blk, sf, s_dec, p.sr ? &bits : nullptr, p.row_data + (r0 + i) * (cols / 2) + b * 8);
+        nvfp4_emit_block(blk, amax, s_enc_row, s_dec, p.sr, key, (r0 + i) * nblk + b, 0,
+                         &p.row_scale[nv_row_scale_offset(r0 + i, b, cols, p.swizzled)],
+                         p.row_data + (r0 + i) * (cols / 2) + b * 8);
       }
     }
   }
@@ -81,11 +79,9 @@ template <typename InT> void nv_tile(const Nvfp4Params& p, int64_t tile, float s
       } else {
         for (int k = 0; k < 16; ++k) amax = amax_update(amax, vals[k]);
       }
-      const uint8_t sf = nvfp4_block_scale(amax, s_enc_col);
-      p.col_scale[nv_col_scale_offset(c, tile, rows, p.swizzled)] = sf;
-      Philox4 bits;
-      if (p.sr) bits = nvfp4_block_bits(key, c * (rows / kNvBlock) + tile, 1);
-      nvfp4_encode_block(vals, sf, s_dec, p.sr ? &bits : nullptr, p.col_data + c * (rows / 2) + tile * 8);
+      nvfp4_emit_block(vals, amax, s_enc_col, s_dec, p.sr, key, c * (rows / kNvBlock) + tile, 1,
+                       &p.col_scale[nv_col_scale_offset(c, tile, rows, p.swizzled)],
+                       p.col_data + c * (rows / 2) + tile * 8);
     }
   }
 }

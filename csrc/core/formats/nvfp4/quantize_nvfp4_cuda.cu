@@ -82,20 +82,34 @@ __device__ void zero_scale_padding(const Nvfp4Params& p) {
   }
 }
 
+// The global scales of a cast's two copies and its rounding key; block 0 copies the global amaxes to the tensor's
+// fields.
+struct CastGlobals {
+  float s_enc_row, s_enc_col, s_dec_row, s_dec_col;
+  RngKey key;
+};
+__device__ __forceinline__ CastGlobals cast_globals(const Nvfp4Params& p) {
+  const float amax_row = *p.amax_in_row, amax_col = *p.amax_in_col;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (p.amax_out_row) *p.amax_out_row = amax_row;
+    if (p.amax_out_col) *p.amax_out_col = amax_col;
+  }
+  CastGlobals g;
+  g.s_enc_row = nvfp4_global_scale(amax_row);
+  g.s_enc_col = nvfp4_global_scale(amax_col);
+  g.s_dec_row = 1.0f / g.s_enc_row;
+  g.s_dec_col = 1.0f / g.s_enc_col;
+  g.key = p.sr ? rng_unpack(p.rng) : RngKey{0, 0};
+  return g;
+}
+
 template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_kernel(Nvfp4Params p) {
   if (p.noop != nullptr && *p.noop == 1.0f) return;
   __shared__ float tile[16 * kRowStride];
   __shared__ float seg_amax[16][16];  // [row][16-col segment] block amaxes, for the 2-D tile amax
   const int t = threadIdx.x;
   const int64_t rows = p.rows, cols = p.cols, nblk = cols / kNvBlock;
-  const float amax_row = *p.amax_in_row, amax_col = *p.amax_in_col;
-  if (blockIdx.x == 0 && t == 0) {
-    if (p.amax_out_row) *p.amax_out_row = amax_row;
-    if (p.amax_out_col) *p.amax_out_col = amax_col;
-  }
-  const float s_enc_row = nvfp4_global_scale(amax_row), s_enc_col = nvfp4_global_scale(amax_col);
-  const float s_dec_row = 1.0f / s_enc_row, s_dec_col = 1.0f / s_enc_col;
-  const RngKey key = p.sr ? rng_unpack(p.rng) : RngKey{0, 0};
+  const CastGlobals gs = cast_globals(p);
   const int64_t row_tiles = ceil_div(rows, kNvBlock), col_tiles = ceil_div(cols, kTileCols);
   const InT* x = static_cast<const InT*>(p.x);
   for (int64_t tile_id = blockIdx.x; tile_id < row_tiles * col_tiles; tile_id += gridDim.x) {
@@ -132,12 +146,9 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_k
         for (int i = 0; i < 16; ++i) amax = amax_update(amax, seg_amax[i][rs]);
       }
       const int64_t r = r0 + rr, b = c0 / kNvBlock + rs;
-      const uint8_t sf = nvfp4_block_scale(amax, s_enc_row);
-      p.row_scale[nv_row_scale_offset(r, b, cols, p.swizzled)] = sf;
-      Philox4 bits;
-      if (p.sr) bits = nvfp4_block_bits(key, r * nblk + b, 0);
       uint8_t out[8];
-      nvfp4_encode_block(rv, sf, s_dec_row, p.sr ? &bits : nullptr, out);
+      nvfp4_emit_block(rv, amax, gs.s_enc_row, gs.s_dec_row, p.sr, gs.key, r * nblk + b, 0,
+                       &p.row_scale[nv_row_scale_offset(r, b, cols, p.swizzled)], out);
       store8(p.row_data + r * (cols / 2) + b * 8, out);
     }
     // Columnwise block (column t, the tile's 16 rows; rows % 16 == 0 here).
@@ -159,12 +170,9 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_k
         for (int k = 0; k < 16; ++k) amax = amax_update(amax, vals[k]);
       }
       const int64_t c = c0 + t;
-      const uint8_t sf = nvfp4_block_scale(amax, s_enc_col);
-      p.col_scale[nv_col_scale_offset(c, rt, rows, p.swizzled)] = sf;
-      Philox4 bits;
-      if (p.sr) bits = nvfp4_block_bits(key, c * (rows / kNvBlock) + rt, 1);
       uint8_t out[8];
-      nvfp4_encode_block(vals, sf, s_dec_col, p.sr ? &bits : nullptr, out);
+      nvfp4_emit_block(vals, amax, gs.s_enc_col, gs.s_dec_col, p.sr, gs.key, c * (rows / kNvBlock) + rt, 1,
+                       &p.col_scale[nv_col_scale_offset(c, rt, rows, p.swizzled)], out);
       store8(p.col_data + c * (rows / 2) + rt * 8, out);
     }
   }
@@ -184,14 +192,7 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_f
   __shared__ float seg_amax[kFastRows][16];  // [row][16-col segment] block amaxes, for the 2-D tile amax
   const int t = threadIdx.x;
   const int64_t rows = p.rows, cols = p.cols, nblk = cols / kNvBlock;
-  const float amax_row = *p.amax_in_row, amax_col = *p.amax_in_col;
-  if (blockIdx.x == 0 && t == 0) {
-    if (p.amax_out_row) *p.amax_out_row = amax_row;
-    if (p.amax_out_col) *p.amax_out_col = amax_col;
-  }
-  const float s_enc_row = nvfp4_global_scale(amax_row), s_enc_col = nvfp4_global_scale(amax_col);
-  const float s_dec_row = 1.0f / s_enc_row, s_dec_col = 1.0f / s_enc_col;
-  const RngKey key = p.sr ? rng_unpack(p.rng) : RngKey{0, 0};
+  const CastGlobals gs = cast_globals(p);
   const int64_t col_tiles = cols / kTileCols, tiles = (rows / kFastRows) * col_tiles;
   const InT* x = static_cast<const InT*>(p.x);
   const int g = t / 16, sg = t % 16;  // row group (rows g, g + 16) and 16-column segment of this thread
@@ -231,12 +232,9 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_f
           for (int i = 0; i < 16; ++i) amax = amax_update(amax, seg_amax[16 * h + i][sg]);
         }
         const int64_t r = r0 + g + 16 * h, b = c0 / kNvBlock + sg;
-        const uint8_t sf = nvfp4_block_scale(amax, s_enc_row);
-        p.row_scale[nv_row_scale_offset(r, b, cols, p.swizzled)] = sf;
-        Philox4 bits;
-        if (p.sr) bits = nvfp4_block_bits(key, r * nblk + b, 0);
         uint8_t out[8];
-        nvfp4_encode_block(rv[h], sf, s_dec_row, p.sr ? &bits : nullptr, out);
+        nvfp4_emit_block(rv[h], amax, gs.s_enc_row, gs.s_dec_row, p.sr, gs.key, r * nblk + b, 0,
+                         &p.row_scale[nv_row_scale_offset(r, b, cols, p.swizzled)], out);
         store8(p.row_data + r * (cols / 2) + b * 8, out);
       }
     }
@@ -262,11 +260,8 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_f
           for (int k = 0; k < 16; ++k) amax = amax_update(amax, vals[k]);
         }
         const int64_t rt = r0 / kNvBlock + h;
-        const uint8_t sf = nvfp4_block_scale(amax, s_enc_col);
-        p.col_scale[nv_col_scale_offset(c, rt, rows, p.swizzled)] = sf;
-        Philox4 bits;
-        if (p.sr) bits = nvfp4_block_bits(key, c * (rows / kNvBlock) + rt, 1);
-        nvfp4_encode_block(vals, sf, s_dec_col, p.sr ? &bits : nullptr, out + 8 * h);
+        nvfp4_emit_block(vals, amax, gs.s_enc_col, gs.s_dec_col, p.sr, gs.key, c * (rows / kNvBlock) + rt, 1,
+                         &p.col_scale[nv_col_scale_offset(c, rt, rows, p.swizzled)], out + 8 * h);
       }
       uint4 w;
       w.x = uint32_t(out[0]) | (uint32_t(out[1]) << 8) | (uint32_t(out[2]) << 16) | (uint32_t(out[3]) << 24);
