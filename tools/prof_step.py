@@ -108,9 +108,7 @@ def host_report(step, n):
         frames = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename]
         seen.append((str(message)[:80], [f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in frames[-6:]]))
 
-    old = warnings.showwarning
-    warnings.showwarning = record
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # restores showwarning and the filters on exit
         warnings.simplefilter("always")
         warnings.showwarning = record
         torch.cuda.set_sync_debug_mode("warn")
@@ -118,7 +116,6 @@ def host_report(step, n):
             step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    warnings.showwarning = old
     print(f"   host synchronisations in one step: {len(seen)}")
     for msg, frames in seen[:8]:
         print(f"     {msg}")
