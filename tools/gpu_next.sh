@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The measurements the 2026-11-29 (fourth) stop left for the next GPU session, in the order of their value, each
 # with a time limit so that one device call (600 s) leaves its logs in $OUT even when a step runs long:
-#   1. wip/nvfp4_amax_encode.patch and wip/nvfp4_dbias_fused.patch applied, clean build (timed), the NVFP4 CUDA
-#      tests, the cast times
+#   1. the wip/ patches named in $PATCHES applied (none by default), clean build (timed), the NVFP4 CUDA tests,
+#      the cast times
 #   2. bench_block_gemm (MXFP8 / NVFP4 GEMMs and MLP steps against bf16)
 #   3. the MLP step's kernels, peaks and host side (tools/prof_step.py --host), then tools/step_host_probe.py:
 #      the benchmark's steps with and without a GPU spin before each, with SM clocks and power (host- or
@@ -27,7 +27,7 @@ for step in $steps; do
   t0=$(date +%s)
   case $step in
     patch)
-      for f in wip/nvfp4_amax_encode.patch wip/nvfp4_dbias_fused.patch; do
+      for f in ${PATCHES:-}; do
         git apply "$f" || { note "patch: $f does not apply"; exit 1; }
       done ;;
     build)

@@ -794,10 +794,11 @@ def test_cuda_parity_tables_forced(name, monkeypatch):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("rows", [512, 16384])  # 16384 x 128: dbias row blocks of 16 rows, summed in the fused tiles
 @pytest.mark.parametrize("name", sorted(ref.DBIAS_NAMES))
-def test_cuda_parity_dbias(name):
+def test_cuda_parity_dbias(name, rows):
     tex = tex_module()
-    x = _act_input(ref.DBIAS_NAMES[name], torch.bfloat16, rows=512)
+    x = _act_input(ref.DBIAS_NAMES[name], torch.bfloat16, rows=rows)
     g = uniform(x.shape, torch.bfloat16, g=torch.Generator().manual_seed(9))
     gb_c, q_c = getattr(tex, name)(g.cuda(), x.cuda(), nvq())
     gb, qt = getattr(tex, name)(g, x, nvq())

@@ -373,8 +373,10 @@ void plan_pieces(ActPlan& pl, PlanOptions opt, WorkspaceLayout& ws) {
       // temporary; a temporary, not the tensor's amax fields, so that a noop launch leaves those untouched.
       pl.amax_offset = ws.take(2 * 4);
       const bool rht_col = spec.rht() && spec.columnwise;
-      pl.nvfp4_fused_candidate = pl.cuda && !rht_col && !spec.two_d() && !spec.stochastic_rounding() &&
-                                 !r.with_dbias && pl.cols % kNvBlock == 0;
+      // dbias: in the pipelined tiles of both copies only (act_pipe_takes_dbias).
+      const bool dbias_ok = !r.with_dbias || (spec.columnwise && act_pipe_takes_dbias(pl.rows, pl.cols));
+      pl.nvfp4_fused_candidate = pl.cuda && !rht_col && !spec.two_d() && !spec.stochastic_rounding() && dbias_ok &&
+                                 pl.cols % kNvBlock == 0;
       const bool identity = r.kind == ActKind::kIdentity && !r.backward;
       if (!identity || r.with_dbias) pl.temp_offset = ws.take(temp_bytes);
       break;

@@ -194,8 +194,7 @@ void run_nvfp4_path(const ActPlan& pl, const ActIO& io, const ExecCtx& ctx, cons
     pq.nv_amax_out[0] = out_at<float>(pl, io, kAmaxRow);
     pq.nv_amax_out[1] = out_at<float>(pl, io, kAmaxCol);
     pq.blk_swizzled = spec.swizzled();
-    pq.dbias_partial = nullptr;
-    launch_activation(ctx, pl, pq);
+    launch_activation(ctx, pl, pq);  // with the dbias partials of the unrounded values, if asked
     return;
   }
   const bool identity = r.kind == ActKind::kIdentity && !r.backward;

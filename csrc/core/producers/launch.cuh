@@ -144,13 +144,17 @@ template <class Op, bool kBwd>
 void launch_nvfp4_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
   auto aligned = [](const void* ptr, int bytes) { return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0; };
   const int64_t n_chunks = p.rows * (p.cols / kVec);
+  constexpr bool kHasDbias = act_has_dbias<Op, kBwd>();
+  const bool dbias_ok = p.dbias_partial == nullptr ||
+                        (kHasDbias && p.out_t != nullptr && act_pipe_takes_dbias(p.rows, p.cols));
   const bool ok = p.cols % kNvBlock == 0 && aligned(p.x, 16) && (p.grad == nullptr || aligned(p.grad, 16)) &&
-                  (p.out == nullptr || aligned(p.out, 4)) && p.dbias_partial == nullptr &&
+                  (p.out == nullptr || aligned(p.out, 4)) && dbias_ok &&
                   (p.out_t == nullptr || p.rows % kNvBlock == 0) && n_chunks < (int64_t(1) << 31);
   if (!ok) {
     core_fail("activation kernel: the fused NVFP4 path needs positions per row % 16 == 0 (got " +
               std::to_string(p.cols) + "), rows % 16 == 0 with a transposed copy (got " + std::to_string(p.rows) +
-              "), 16-byte aligned inputs, a 4-byte aligned output and no dbias");
+              "), 16-byte aligned inputs, a 4-byte aligned output, and dbias only with the transposed copy of a "
+              "unary op on shapes whose dbias row blocks hold 16 rows");
   }
   if constexpr (!kBwd && !Op::kGated && Op::Fn::kTabulate) {
     // Rowwise only, bf16, a tabulated unary forward op: the table kernel when every resident block walks at least
@@ -274,7 +278,7 @@ void launch_act(DType in_dtype, const ActKernelParams& p, cudaStream_t stream) {
     }
   }
   // FP8 with a transposed copy: the pipelined tiles, with dbias too where a warp's 16 rows fall in one partial row.
-  const bool pipe_dbias = p.dbias_partial == nullptr || (kHasDbias && dbias_rows >= act_cuda::kPipeDbiasMinRows);
+  const bool pipe_dbias = p.dbias_partial == nullptr || (kHasDbias && act_pipe_takes_dbias(p.rows, p.cols));
   if (vec && p.out_t != nullptr && pipe_dbias && (p.mode == ScaleMode::kDelayed || p.mode == ScaleMode::kCurrent)) {
     TE_SWITCH_IN_DTYPE(in_dtype, T, {
       if (p.mode == ScaleMode::kDelayed) {

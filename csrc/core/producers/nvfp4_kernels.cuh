@@ -80,12 +80,11 @@ struct NvRowGeom {
   bool scale_linear = false;
 };
 
-// Eight codes of the 16 values `v` of one block (two words) with multiplier `enc`: the NaN-safe encoder unless the
-// values are known NaN-free (`finite`), then without the cap where fl(amax * enc) < 7.
+// Eight codes of the 16 values `v` of one block (two words) with multiplier `enc` (nvfp4_pack16).
 __device__ __forceinline__ uint2 nv_encode16(const float (&v)[16], float amax, float enc, bool finite) {
-  if (!finite) return make_uint2(nvfp4_pack8(v, enc), nvfp4_pack8(v + 8, enc));
-  if (amax * enc < 7.0f) return make_uint2(nvfp4_pack8_nonan<false>(v, enc), nvfp4_pack8_nonan<false>(v + 8, enc));
-  return make_uint2(nvfp4_pack8_nonan<true>(v, enc), nvfp4_pack8_nonan<true>(v + 8, enc));
+  uint32_t w[2];
+  nvfp4_pack16(v, amax, enc, finite, w);
+  return make_uint2(w[0], w[1]);
 }
 
 // One 1x16 block of the table kernels from its 16 values (rnd_in): the E4M3 scale code of amax * S_enc / 6 and the

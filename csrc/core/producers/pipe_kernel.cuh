@@ -1,5 +1,5 @@
-// The pipelined tile kernel (act_pipe_kernel): FP8 or NVFP4 outputs with a transposed copy on aligned rows (FP8
-// also with dbias); persistent blocks stream 128 x 64 tiles through cp.async stages. nv_pipe_tile is its NVFP4
+// The pipelined tile kernel (act_pipe_kernel): FP8 or NVFP4 outputs with a transposed copy on aligned rows, with
+// or without dbias; persistent blocks stream 128 x 64 tiles through cp.async stages. nv_pipe_tile is its NVFP4
 // tile body.
 // Invariant: a thread reads back from shared memory only what it copied itself, so the input stages need no
 // barrier; the staged transposed tile keeps the tile kernel's two.
@@ -117,12 +117,12 @@ __device__ __forceinline__ void nv_pipe_tile(const ActKernelParams& p, const NvG
 // stream into shared memory with cp.async, kStages - 1 tiles ahead of the one it computes, so loads stay in flight
 // while the block encodes, stages and stores the transposed codes. A thread reads back only what it copied
 // itself, so the input buffers need no barrier; the staged transposed tile keeps the tile kernel's two.
-// dbias (unary backward ops, act_dbias_rows >= kPipeDbiasMinRows): a 128-row tile holds whole partial-row blocks
+// dbias (unary backward ops, act_pipe_takes_dbias): a 128-row tile holds whole partial-row blocks
 // (act_dbias_rows is a power of two <= 128), so a tile's column sums go straight to their partial rows: each thread
 // sums its 4 rows, a warp its 4 row groups (two shuffles: 16 rows), and the block the warps of each partial row
 // through 2 KB of shared memory, inside the two barriers the transposed tile already has.
 constexpr int kPipeStages = 2;
-constexpr int64_t kPipeDbiasMinRows = 4 * kRowsPerThread;  // one warp's 4 row groups
+static_assert(kActPipeDbiasMinRows == 4 * kRowsPerThread, "dbias is summed per warp: its 4 row groups");
 
 template <class Op, bool kBwd, typename InT> struct PipeLayout {
   static constexpr int kStreams = 1 + int(Op::kGated) + int(kBwd);
@@ -143,6 +143,34 @@ template <class Op, bool kBwd, typename InT> struct PipeLayout {
   }
 };
 
+
+// dbias of one tile in two phases around a block barrier. Stage: this thread's column sums of its 4 rows, summed
+// over the warp's 4 row groups (lanes 8 and 16 apart), go to dred[warp][position]. Store: partial row j of the tile
+// is warps j * per .. (j + 1) * per - 1, added in order.
+__device__ __forceinline__ void pipe_dbias_stage(float (&dsum)[kVec], float* dred, int tid) {
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    dsum[k] += __shfl_xor_sync(0xFFFFFFFFu, dsum[k], 8);
+    dsum[k] += __shfl_xor_sync(0xFFFFFFFFu, dsum[k], 16);
+  }
+  if (tid % 32 < 8) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) dred[(tid / 32) * kTileCols + (tid % 8) * kVec + k] = dsum[k];
+  }
+}
+__device__ __forceinline__ void pipe_dbias_store(const ActKernelParams& p, int64_t dbias_rows, const float* dred,
+                                                 int64_t m0, int64_t col_base) {
+  const int per = int(dbias_rows / kActPipeDbiasMinRows), nsub = (kThreads / 32) / per;
+  for (int v = threadIdx.x; v < kTileCols * nsub; v += kThreads) {
+    const int col = v % kTileCols, j = v / kTileCols;
+    const int64_t mrow = m0 + int64_t(j) * dbias_rows;
+    if (col_base + col < p.cols && mrow < p.rows) {
+      float sum = 0.0f;
+      for (int w = j * per; w < (j + 1) * per; ++w) sum += dred[w * kTileCols + col];
+      p.dbias_partial[(mrow / dbias_rows) * p.cols + col_base + col] = sum;
+    }
+  }
+}
 
 struct PipeGeom {
   int64_t col_tiles = 1;
@@ -169,7 +197,7 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
   uint32_t* tile = reinterpret_cast<uint32_t*>(smem + kPipeStages * L::kStageBytes);
   const float* lut = reinterpret_cast<const float*>(smem + L::kLutOffset);
   __shared__ float red[kThreads / 32];
-  constexpr bool kHasDbias = Tr::kFp8 && act_has_dbias<Op, kBwd>();  // FP8 outputs only
+  constexpr bool kHasDbias = act_has_dbias<Op, kBwd>();
   __shared__ float dred[kHasDbias ? (kThreads / 32) * kTileCols : 1];  // [warp][position] sums of 16 rows
 
   if (p.noop != nullptr && *p.noop == 1.0f) return;
@@ -227,17 +255,28 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
     const int64_t col_base = (t - rt * geo.col_tiles) * kTileCols;
     const int64_t m0 = rt * kActBlockRows;
     const int64_t c0 = col_base + cchunk * kVec;
+    float dsum[kVec] = {};  // dbias: this thread's column sums of its 4 rows (unrounded values, SPEC §5.2)
+    const bool dbias = kHasDbias && p.dbias_partial != nullptr;
     if constexpr (Tr::kNv) {
       nv_pipe_tile<InT, kOuts>(p, nv, nv_enc, tile, m0, col_base, o_cols, [&](int i, float (&out)[2][kVec]) {
         const Vec8<InT> va = *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, 0, i));
         const Vec8<InT> vb = kGated ? *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, 1, i)) : va;
         const Vec8<InT> vg = kBwd ? *reinterpret_cast<const Vec8<InT>*>(chunk_at(stage, L::kStreams - 1, i)) : va;
         eval8<Op, kBwd, kLut>(va, vb, vg, p.act, lut, out);
+        if constexpr (kHasDbias) {
+          if (dbias && m0 + rgroup * kRowsPerThread + i < rows && c0 < cols)
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) dsum[k] += out[0][k];
+        }
       });
+      if (dbias) {  // after the tile's own barriers, so the previous tile's sums have been read
+        pipe_dbias_stage(dsum, dred, tid);
+        __syncthreads();
+        pipe_dbias_store(p, geo.dbias_rows, dred, m0, col_base);
+      }
       continue;
     }
     uint32_t tw[kOuts][kVec] = {};  // byte i of word k = code of (row i of this thread's 4, position c0 + k)
-    float dsum[kVec] = {};          // dbias: this thread's column sums of its 4 rows (unrounded values, SPEC §5.2)
 #pragma unroll
     for (int i = 0; i < kRowsPerThread; ++i) {
       const int64_t r = m0 + rgroup * kRowsPerThread + i;
@@ -255,7 +294,7 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
             for (int k = 0; k < kVec; ++k) amax = amax_update(amax, out[h][k]);
         }
         if constexpr (kHasDbias) {
-          if (valid)
+          if (dbias && valid)
 #pragma unroll
             for (int k = 0; k < kVec; ++k) dsum[k] += out[h][k];
         }
@@ -267,37 +306,14 @@ act_pipe_kernel(const ActKernelParams p, const PipeGeom geo) {
         for (int k = 0; k < kVec; ++k) tw[h][k] |= (((k < 4 ? w.x : w.y) >> (8 * (k % 4))) & 0xFFu) << (8 * i);
       }
     }
-    const bool dbias = kHasDbias && p.dbias_partial != nullptr;
-    if (dbias) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {  // the warp's 4 row groups: lanes 8 and 16 apart
-        dsum[k] += __shfl_xor_sync(0xFFFFFFFFu, dsum[k], 8);
-        dsum[k] += __shfl_xor_sync(0xFFFFFFFFu, dsum[k], 16);
-      }
-    }
     __syncthreads();  // the previous tile's staged codes and warp sums have been read
-    if (dbias && tid % 32 < 8) {
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) dred[(tid / 32) * kTileCols + cchunk * kVec + k] = dsum[k];
-    }
+    if (dbias) pipe_dbias_stage(dsum, dred, tid);
 #pragma unroll
     for (int h = 0; h < kOuts; ++h)
 #pragma unroll
       for (int k = 0; k < kVec; ++k) tile[h * kTileCols * 32 + tile_word(cchunk * kVec + k, rgroup)] = tw[h][k];
     __syncthreads();
-    if (dbias) {
-      // Partial row j of this tile: warps j * per .. (j + 1) * per - 1, added in order.
-      const int per = int(geo.dbias_rows / kPipeDbiasMinRows), nsub = (kThreads / 32) / per;
-      for (int v = tid; v < kTileCols * nsub; v += kThreads) {
-        const int col = v % kTileCols, j = v / kTileCols;
-        const int64_t mrow = m0 + int64_t(j) * geo.dbias_rows;
-        if (col_base + col < cols && mrow < rows) {
-          float sum = 0.0f;
-          for (int w = j * per; w < (j + 1) * per; ++w) sum += dred[w * kTileCols + col];
-          p.dbias_partial[(mrow / geo.dbias_rows) * cols + col_base + col] = sum;
-        }
-      }
-    }
+    if (dbias) pipe_dbias_store(p, geo.dbias_rows, dred, m0, col_base);
 #pragma unroll
     for (int h = 0; h < kOuts; ++h)
       store_transposed_tile(tile + h * kTileCols * 32, p.out_t + h * cols * rows, col_base, m0, rows, cols);

@@ -96,6 +96,22 @@ template <bool kCap = true> TE_HD uint32_t nvfp4_pack8_nonan(const float v[8], f
   return (t & 0x88888888u) | (c - nvfp4_pack8_bias());
 }
 
+// The 16 values of one block times `enc` (finite), as two words of nibbles (elements 0-7, 8-15): the NaN-safe
+// nvfp4_pack8 unless the values are known finite (`finite`: NaN-free products), then nvfp4_pack8_nonan, without
+// its cap where fl(amax * enc) < 7 (`amax`: the values' largest magnitude). The same nibbles on every path.
+TE_HD void nvfp4_pack16(const float v[16], float amax, float enc, bool finite, uint32_t w[2]) {
+  if (!finite) {
+    w[0] = nvfp4_pack8(v, enc);
+    w[1] = nvfp4_pack8(v + 8, enc);
+  } else if (amax * enc < 7.0f) {
+    w[0] = nvfp4_pack8_nonan<false>(v, enc);
+    w[1] = nvfp4_pack8_nonan<false>(v + 8, enc);
+  } else {
+    w[0] = nvfp4_pack8_nonan<true>(v, enc);
+    w[1] = nvfp4_pack8_nonan<true>(v + 8, enc);
+  }
+}
+
 TE_HD float e2m1_decode(uint8_t code) {
   const uint32_t m = code & 0x7u;
   // 0, 0.5, 1, 1.5, 2, 3, 4, 6: exponent field e = m >> 1, mantissa bit m & 1.
@@ -232,11 +248,20 @@ TE_HD void rht16(const float v[16], uint32_t sign_mask, float y[16]) {
 TE_HD void nvfp4_encode_block(const float v[16], uint8_t sf, float s_dec, const Philox4* bits, uint8_t out[8]) {
   const float enc = nvfp4_block_multiplier(sf, s_dec);
   if (bits == nullptr) {
+    // Finite values (enc is finite) give NaN-free products: the few-instruction encoder, uncapped where the
+    // block's largest product is below 7 (the same nibbles: nvfp4_pack16).
+    float a = 0.0f;
+    bool finite = true;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t w = nvfp4_pack8(v + 8 * h, enc);
-      for (int j = 0; j < 4; ++j) out[4 * h + j] = uint8_t(w >> (8 * j));
+    for (int k = 0; k < 16; ++k) {
+      a = amax_update(a, v[k]);
+      finite &= (float_bits(v[k]) & 0x7F800000u) != 0x7F800000u;  // exponent field not all ones: not Inf / NaN
     }
+    uint32_t w[2];
+    nvfp4_pack16(v, a, enc, finite, w);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      for (int j = 0; j < 4; ++j) out[4 * h + j] = uint8_t(w[h] >> (8 * j));
     return;
   }
 #pragma unroll

@@ -4,7 +4,8 @@
 // block (column t, the tile's 16 rows), the latter Hadamard-transformed when requested, exactly as the CPU kernel
 // (same encoders, same Philox counters), so the bytes are identical. Block 0 copies the global amaxes to the
 // tensor's fields; every block zeroes a slice of the scale padding (so a noop launch writes nothing at all).
-// Amax kernel: one thread per (16-row group, column), max of |x| and of |RHT(column segment)|, atomicMax on the bits.
+// Amax kernels: without RHT a flat max over 16-byte chunks (both copies' amax is the tensor's); with RHT one thread
+// per (16-row group, column), max of |x| and of |RHT(column segment)|; atomicMax on the bits.
 #include "quantize_nvfp4.h"
 
 #include "../../rules/cuda_utils.cuh"
@@ -51,6 +52,37 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_amax_k
   if ((threadIdx.x & 31) == 0) {
     if (ar > 0.0f) atomic_max_nonneg(p.amax_row, ar);
     if (p.amax_col != nullptr && (p.rht ? ac : ar) > 0.0f) atomic_max_nonneg(p.amax_col, p.rht ? ac : ar);
+  }
+}
+
+// Without RHT both copies' global amax is the tensor's: a flat max over 16-byte chunks, four in flight a thread
+// (order-independent: NaN is ignored, SPEC §4.1), then the scalar tail; one atomic a warp.
+constexpr int kAmaxUnroll = 4;
+template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_amax_flat_kernel(Nvfp4AmaxParams p) {
+  const InT* x = static_cast<const InT*>(p.x);
+  const int64_t n = p.rows * p.cols, n_chunks = n / act_cuda::kVec;
+  const int64_t stride = int64_t(gridDim.x) * kThreads, gid = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  float a = 0.0f;
+  int64_t i = gid;
+  for (; i + (kAmaxUnroll - 1) * stride < n_chunks; i += kAmaxUnroll * stride) {
+    act_cuda::Vec8<InT> v[kAmaxUnroll];
+#pragma unroll
+    for (int u = 0; u < kAmaxUnroll; ++u) v[u] = act_cuda::load8(x + (i + u * stride) * act_cuda::kVec, true, act_cuda::kVec);
+#pragma unroll
+    for (int u = 0; u < kAmaxUnroll; ++u)
+#pragma unroll
+      for (int k = 0; k < act_cuda::kVec; ++k) a = amax_update(a, to_float(v[u].e[k]));
+  }
+  for (; i < n_chunks; i += stride) {
+    const act_cuda::Vec8<InT> v = act_cuda::load8(x + i * act_cuda::kVec, true, act_cuda::kVec);
+#pragma unroll
+    for (int k = 0; k < act_cuda::kVec; ++k) a = amax_update(a, to_float(v.e[k]));
+  }
+  if (gid < n - n_chunks * act_cuda::kVec) a = amax_update(a, to_float(x[n_chunks * act_cuda::kVec + gid]));
+  for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xFFFFFFFFu, a, o));
+  if ((threadIdx.x & 31) == 0 && a > 0.0f) {
+    atomic_max_nonneg(p.amax_row, a);
+    if (p.amax_col != nullptr) atomic_max_nonneg(p.amax_col, a);
   }
 }
 
@@ -290,6 +322,13 @@ int grid_for(int64_t work, int64_t per_block) {
 void nvfp4_amax_cuda(DType in_dtype, const Nvfp4AmaxParams& p, cudaStream_t s) {
   const int64_t n = ceil_div(p.rows, kNvBlock) * p.cols;
   if (n == 0) return;
+  if (!p.rht && reinterpret_cast<uintptr_t>(p.x) % 16 == 0) {
+    const int64_t chunks = p.rows * p.cols / act_cuda::kVec;
+    const int64_t blocks = std::min<int64_t>(std::max<int64_t>(ceil_div(chunks, int64_t(kThreads) * kAmaxUnroll), 1),
+                                             4 * int64_t(act_cuda::device_sm_count_or_default()));
+    TE_SWITCH_IN_DTYPE(in_dtype, T, { nvfp4_amax_flat_kernel<T><<<unsigned(blocks), kThreads, 0, s>>>(p); });
+    return check_launch("nvfp4_amax");
+  }
   TE_SWITCH_IN_DTYPE(in_dtype, T, {
     nvfp4_amax_kernel<T><<<grid_for(n, kThreads * 4), kThreads, 0, s>>>(p);
   });
