@@ -137,16 +137,20 @@ void norm_bwd_cpu(const NormBwdParams& p, const ParallelFor& parallel_for) {
       }
     }
   });
-  // The partial rows added in increasing order per column, rounded once.
+  // The partial rows reduced in norm.h's two levels per column (group sums in place of each group's first row),
+  // rounded once.
   parallel_for(h, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      float sg = 0.0f, sb = 0.0f;
-      for (int64_t b = 0; b < blocks; ++b) {
-        sg += p.dgamma_part[b * h + c];
-        if (p.dbeta_part) sb += p.dbeta_part[b * h + c];
+      for (int64_t g = 0; g < norm_bwd_groups(blocks); ++g) {
+        const float sg = norm_bwd_group_sum(p.dgamma_part, blocks, h, g, c);
+        p.dgamma_part[g * kNormReduceGroup * h + c] = sg;
+        if (p.dbeta_part) {
+          const float sb = norm_bwd_group_sum(p.dbeta_part, blocks, h, g, c);
+          p.dbeta_part[g * kNormReduceGroup * h + c] = sb;
+        }
       }
-      store_from_float(p.dgamma, p.gamma_dtype, c, sg);
-      if (p.dbeta) store_from_float(p.dbeta, p.gamma_dtype, c, sb);
+      store_from_float(p.dgamma, p.gamma_dtype, c, norm_bwd_total(p.dgamma_part, blocks, h, c));
+      if (p.dbeta) store_from_float(p.dbeta, p.gamma_dtype, c, norm_bwd_total(p.dbeta_part, blocks, h, c));
     }
   });
 }

@@ -8,17 +8,21 @@
 namespace te {
 namespace norm_cuda {
 
-// The partial rows added in increasing order per column, rounded once to gamma's dtype.
+// norm.h's two-level reduction of the partial rows: one thread per (group, column) writes its group sum in place of
+// the group's first partial row, then one thread per column adds the group sums and rounds once to gamma's dtype.
+__global__ void bwd_group_kernel(NormBwdParams p, int64_t blocks) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, g = blockIdx.y;
+  if (c >= p.hidden) return;
+  p.dgamma_part[g * kNormReduceGroup * p.hidden + c] = norm_bwd_group_sum(p.dgamma_part, blocks, p.hidden, g, c);
+  if (p.dbeta_part)
+    p.dbeta_part[g * kNormReduceGroup * p.hidden + c] = norm_bwd_group_sum(p.dbeta_part, blocks, p.hidden, g, c);
+}
+
 __global__ void bwd_reduce_kernel(NormBwdParams p, int64_t blocks) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= p.hidden) return;
-  float sg = 0.0f, sb = 0.0f;
-  for (int64_t b = 0; b < blocks; ++b) {
-    sg += p.dgamma_part[b * p.hidden + c];
-    if (p.dbeta_part) sb += p.dbeta_part[b * p.hidden + c];
-  }
-  st_out(p.dgamma, p.gamma_dtype, c, sg);
-  if (p.dbeta) st_out(p.dbeta, p.gamma_dtype, c, sb);
+  st_out(p.dgamma, p.gamma_dtype, c, norm_bwd_total(p.dgamma_part, blocks, p.hidden, c));
+  if (p.dbeta) st_out(p.dbeta, p.gamma_dtype, c, norm_bwd_total(p.dbeta_part, blocks, p.hidden, c));
 }
 
 }  // namespace norm_cuda
@@ -57,7 +61,10 @@ void norm_fwd_cuda(const NormFwdParams& p, cudaStream_t s) {
 void norm_bwd_cuda(const NormBwdParams& p, cudaStream_t s) {
   if (p.hidden == 0) return;
   const int64_t blocks = norm_bwd_blocks(p.rows, p.hidden);
-  if (blocks > 2147483647LL) core_fail("norm backward: too many rows");
+  if (norm_bwd_groups(blocks) > 65535) {  // the group kernel's grid.y
+    core_fail("norm backward: " + std::to_string(p.rows) + " rows is more than this kernel supports (" +
+              std::to_string(65535 * kNormReduceGroup * norm_bwd_rows(p.rows, p.hidden)) + ")");
+  }
   const bool vec = p.hidden % kNormVec == 0 && norm_cuda::aligned16(p.x) && norm_cuda::aligned16(p.dz) &&
                    norm_cuda::aligned16(p.dx);
   const int L = norm_lanes(p.hidden);
@@ -78,6 +85,8 @@ void norm_bwd_cuda(const NormBwdParams& p, cudaStream_t s) {
   });
   check("norm backward");
   const int64_t rgrid = (p.hidden + 255) / 256;
+  norm_cuda::bwd_group_kernel<<<dim3(unsigned(rgrid), unsigned(norm_bwd_groups(blocks))), 256, 0, s>>>(p, blocks);
+  check("norm backward group sums");
   norm_cuda::bwd_reduce_kernel<<<unsigned(rgrid), 256, 0, s>>>(p, blocks);
   check("norm backward reduction");
 }
