@@ -50,6 +50,69 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
     return torch.cat((t_rot, t_pass), dim=-1) if t_pass.shape[-1] else t_rot
 
 
+@torch.library.custom_op("te_layers::rope_tables", mutates_args=())
+def _rope_tables(freqs: torch.Tensor, seq: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of freqs[:seq] rounded to `dtype` ([seq, 1, 1, d_rot], apply_rotary_pos_emb's tables). An opaque
+    op so that torch.compile computes the [seq, d_rot] tables once, in their own small kernel: traced as plain torch,
+    Inductor fuses cos and sin into the rotation and evaluates them once per element of q and k, again in the
+    backward (the 1B decoder's RoPE backward took 0.43 ms a layer that way; tools/rope_probe.py)."""
+    f = freqs[:seq]
+    return f.cos().to(dtype), f.sin().to(dtype)
+
+
+@_rope_tables.register_fake
+def _(freqs, seq, dtype):
+    shape = (seq, *freqs.shape[1:])
+    return freqs.new_empty(shape, dtype=dtype), freqs.new_empty(shape, dtype=dtype)
+
+
+def _rotate_half_t(t: torch.Tensor) -> torch.Tensor:
+    """The transpose of _rotate_half: _rotate_half_t(_rotate_half(t)) = t."""
+    t1, t2 = t.chunk(2, dim=-1)
+    return torch.cat((t2, -t1), dim=-1)
+
+
+class _PackedRope(torch.autograd.Function):
+    """RoPE of q and k together, straight from the packed QKV output [.., heads, 3, d] (apply_rotary_pos_emb's
+    values, same bytes): forward (qkv, cos, sin) -> (rotated [.., heads, 2, d] q and k, the v view); cos / sin
+    [.., 1 or 2, d_rot] broadcast over the heads (one table pair for q and k, or stacked ones). The backward is the
+    rotation written out, dt = g·cos + rotate_half^T(g·sin) (the ops autograd would record, in that order), and
+    returns dqkv in one concatenation: eager runs half the kernels of rotating q and k apart, and compiled the
+    gradient is one pointwise kernel over dqkv."""
+
+    @staticmethod
+    def forward(ctx, qkv, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        qk, v = qkv[..., :2, :], qkv[..., 2, :]
+        d_rot = cos.shape[-1]
+        t_rot, t_pass = qk[..., :d_rot], qk[..., d_rot:]
+        t_rot = t_rot * cos + _rotate_half(t_rot) * sin
+        return (torch.cat((t_rot, t_pass), dim=-1) if t_pass.shape[-1] else t_rot), v
+
+    @staticmethod
+    def backward(ctx, g_qk, g_v):
+        cos, sin = ctx.saved_tensors
+        d_rot = cos.shape[-1]
+        g_rot, g_pass = g_qk[..., :d_rot], g_qk[..., d_rot:]
+        g_rot = g_rot * cos + _rotate_half_t(g_rot * sin)
+        d_qk = torch.cat((g_rot, g_pass), dim=-1) if g_pass.shape[-1] else g_rot
+        return torch.cat((d_qk, g_v.unsqueeze(-2)), dim=-2), None, None
+
+
+def _rope_qkv(qkv: torch.Tensor, qf: torch.Tensor, kf: torch.Tensor, tensor_format: str):
+    """(q, k, v) of the packed qkv [s, b, heads, 3, d] ("sbhd") or [b, s, heads, 3, d] ("bshd"), q and k rotated by
+    their freqs as apply_rotary_pos_emb does."""
+    seq = qkv.shape[0] if tensor_format == "sbhd" else qkv.shape[1]
+    tables = [_rope_tables(f, seq, qkv.dtype) for f in ((qf,) if qf is kf else (qf, kf))]
+    cos, sin = (torch.cat([t[i] for t in tables], dim=2) if len(tables) > 1 else tables[0][i] for i in range(2))
+    if tensor_format == "bshd":  # [s, 1, n, d_rot] -> [1, s, 1, n, d_rot]
+        cos, sin = cos.transpose(0, 1).unsqueeze(2), sin.transpose(0, 1).unsqueeze(2)
+    else:  # [s, 1, 1, n, d_rot]
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    qk, v = _PackedRope.apply(qkv, cos, sin)
+    return qk[..., 0, :], qk[..., 1, :], v
+
+
 class _SelfAttention(torch.nn.Module):
     """TE's MultiheadAttention names: `layernorm_qkv` and `proj` (the attention itself has no parameters)."""
 
@@ -181,13 +244,14 @@ class TransformerLayer(torch.nn.Module):
         attn = self.self_attention
         qkv = attn.layernorm_qkv(hidden_states)  # sequence parallel: all-gathered to the whole sequence
         s, b = (qkv.shape[0], qkv.shape[1]) if sbhd else (qkv.shape[1], qkv.shape[0])
-        q, k, v = qkv.view(*qkv.shape[:2], self.heads_per_rank, 3, self.head_dim).unbind(3)
+        qkv = qkv.view(*qkv.shape[:2], self.heads_per_rank, 3, self.head_dim)
         if rotary_pos_emb is not None:
             qf, kf = rotary_pos_emb if isinstance(rotary_pos_emb, (tuple, list)) else (rotary_pos_emb,) * 2
             for f in (qf, kf):
                 self._check_freqs(f, s)
-            q = apply_rotary_pos_emb(q, qf, self.attn_input_format)
-            k = apply_rotary_pos_emb(k, kf, self.attn_input_format)
+            q, k, v = _rope_qkv(qkv, qf, kf, self.attn_input_format)
+        else:
+            q, k, v = qkv.unbind(3)
         # SDPA layout [b, heads, s, d]
         perm = (1, 2, 0, 3) if sbhd else (0, 2, 1, 3)
         q, k, v = (t.permute(*perm) for t in (q, k, v))

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Where bench_model's decoder training step spends its GPU time, per variant: the kernels of a few profiled steps
+(torch.profiler), grouped into classes (GEMM, attention, norm, quantize, elementwise / fused, optimizer, copy,
+other) with their share of the step, the top kernels by time, the GPU idle time inside a step, and the host's time
+to issue one. The measured reason behind a bench_model row (issue 36: "a profile of where the step's time goes").
+Builds the variants exactly as bench_model does (its build()), from the same bf16 weights.
+
+    PYTHONPATH=. python tools/prof_model.py [--size 1b] [--variants "bf16 torch.compile,ours fp8 current (compile)"]
+        [--steps 3] [--top 12]
+"""
+import argparse
+import os
+import sys
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+import bench_model as BM  # noqa: E402
+
+import transformer_engine_torch as tex  # noqa: E402
+
+# Kernel name patterns of each class, first match wins (lower case).
+CLASSES = (("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),
+           ("gemm", ("nvjet", "gemm", "cutlass", "sm90_xmma", "wgmma", "decode_")),
+           ("norm", ("norm", "rsigma")),
+           ("rope (triton)", ("cos_mul",)),
+           ("quantize", ("fp8", "amax", "cast", "quantiz", "mxfp8", "nvfp4", "scale", "transpose")),
+           ("optimizer", ("adam", "multi_tensor", "foreach")),
+           ("copy", ("memcpy", "memset", "copy", "cat")),
+           ("elementwise / fused", ("triton", "elementwise", "vectorized", "reduce", "act_", "softmax", "rope",
+                                    "rotary")))
+
+
+def kernel_class(name):
+    low = name.lower()
+    return next((c for c, pats in CLASSES if any(p in low for p in pats)), "other")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--size", default="1b", choices=list(BM.SIZES))
+    ap.add_argument("--variants", default="bf16 torch.compile,ours fp8 current (compile),ours fp8 current")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--top", type=int, default=12)
+    a = ap.parse_args()
+    args = BM.parse_args([])
+    cfg = BM.size_config(a.size, args)
+    ref = BM.torch_decoder(cfg, torch.bfloat16, "cuda")
+    g = torch.Generator(device="cpu").manual_seed(1)
+    data = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"] + 1), generator=g).to("cuda")
+    args.batch_tokens = (data[:, :-1].contiguous(), data[:, 1:].contiguous())
+    specs = {s[0]: s for s in BM.variants("cuda", False)}
+    _, ao_why = BM.H.import_torchao()  # torchao from third_party/wheels when it is not installed
+    for name in a.variants.split(","):
+        name = name.strip()
+        if name not in specs:
+            print(f"unknown variant {name!r}; known: {', '.join(specs)}")
+            continue
+        torch.cuda.empty_cache()
+        try:
+            c = BM.build(tex, specs[name], ref, cfg, args, "cuda", ao_why)
+        except Exception as e:  # noqa: BLE001  (a variant that cannot run, e.g. no torchao)
+            print(f"\n== {a.size} {name}: skipped: {type(e).__name__}: {e}")
+            continue
+        for _ in range(3):
+            c.step()
+        torch.cuda.synchronize()
+        # host: the time to issue one step while the GPU is busy with a spin (so nothing waits on the GPU)
+        torch.cuda._sleep(int(3e9))
+        t0 = time.perf_counter()
+        c.step()
+        host_ms = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(a.steps):
+            c.step()
+        e.record()
+        torch.cuda.synchronize()
+        wall_ms = s.elapsed_time(e) / a.steps
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(a.steps):
+                c.step()
+            torch.cuda.synchronize()
+        ev = [x for x in prof.events() if x.device_type == torch.autograd.DeviceType.CUDA]
+        rows, classes = {}, {}
+        for x in ev:
+            key = x.name[:100]
+            t, n = rows.get(key, (0.0, 0))
+            rows[key] = (t + x.device_time, n + 1)
+            k = kernel_class(x.name)
+            classes[k] = classes.get(k, 0.0) + x.device_time
+        total = sum(t for t, _ in rows.values())
+        print(f"\n== {a.size} {name}: {wall_ms:.2f} ms per step back to back, {total / a.steps / 1e3:.2f} ms of "
+              f"kernels, host issues a step in {host_ms:.2f} ms, {len(ev) // a.steps} kernels a step")
+        for k, t in sorted(classes.items(), key=lambda kv: -kv[1]):
+            print(f"   {k:22s} {t / a.steps / 1e3:8.3f} ms {100 * t / total:5.1f} %")
+        for key, (t, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:a.top]:
+            print(f"     {t / a.steps / 1e3:8.3f} ms {100 * t / total:5.1f} %  x{n // a.steps:<4d} {key}")
+        del c
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
