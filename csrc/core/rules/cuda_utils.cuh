@@ -213,16 +213,7 @@ template <bool kE4M3> __device__ __forceinline__ void fp8x2_to_float2(uint32_t t
   hi = fp8_to_float(uint8_t(two >> 8), kE4M3);
 #endif
 }
-// Two floats as bf16x2 (round to nearest even, no flush; lo in the low half): one cvt on sm_80+.
-__device__ __forceinline__ uint32_t float2_to_bf16x2(float lo, float hi) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  uint32_t out;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
-  return out;
-#else
-  return uint32_t(from_float<bf16_t>(lo).bits) | (uint32_t(from_float<bf16_t>(hi).bits) << 16);
-#endif
-}
+using ::te::float2_to_bf16x2;  // numerics.h
 
 // The amax of a block of kLanes consecutive lanes x 8 values (v already rounded to the input dtype, rnd_in of
 // SPEC §5.1). The lanes of a block are all active or all idle together; kFull: the whole warp is (a full-mask

@@ -81,6 +81,17 @@ template <> TE_HD fp16_t from_float<fp16_t>(float x) {
 
 // rnd_in of SPEC §5.1: round an FP32 value to the input dtype and widen it again (identity for FP32).
 template <typename T> TE_HD float round_to(float x) { return to_float(from_float<T>(x)); }
+// Two floats as bf16x2 (round to nearest even, no flush; lo in the low half): one cvt on sm_80+, which rounds each
+// half as cvt.rn.bf16.f32 (from_float's).
+TE_HD uint32_t float2_to_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t out;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+#else
+  return uint32_t(from_float<bf16_t>(lo).bits) | (uint32_t(from_float<bf16_t>(hi).bits) << 16);
+#endif
+}
 
 // ---- FP8 -----------------------------------------------------------------------------------------------
 struct Fp8Format {

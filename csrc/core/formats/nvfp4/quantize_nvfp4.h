@@ -142,6 +142,46 @@ TE_HD uint8_t e2m1_encode_sr(float v, uint32_t r) {
   return uint8_t(sign | e2m1_encode(q));
 }
 
+// Random byte of element k (0..7) of a block half from its two Philox words: byte k & 3 of word k >> 2.
+TE_HD uint32_t nvfp4_sr_byte(uint32_t r0, uint32_t r1, int k) { return ((k < 4 ? r0 : r1) >> (8 * (k & 3))) & 0xFFu; }
+
+// Eight values times `enc`, stochastically rounded with their random bytes (element k: nvfp4_sr_byte), as eight
+// nibbles: e2m1_encode_sr of each product.
+TE_HD uint32_t nvfp4_pack8_sr(const float v[8], float enc, uint32_t r0, uint32_t r1) {
+  uint32_t w = 0u;
+  for (int k = 0; k < 8; ++k) w |= uint32_t(e2m1_encode_sr(v[k] * enc, nvfp4_sr_byte(r0, r1, k))) << (4 * k);
+  return w;
+}
+
+// nvfp4_pack8_sr for products that are never NaN (v finite, enc finite), written for few instructions on the device:
+// the same nibbles (the host runs nvfp4_pack8_sr). With a = |p| and t = fl(a + u * step(a)) as e2m1_encode_sr, the
+// code of q = floor(t / step(t)) * step(t) is floor(c(t)) capped at 7, where c(t) = min(2t, t + 2, t/2 + 4) is the
+// piecewise-linear map of nvfp4_pack8_nonan that sends the E2M1 grid to the codes (q lies on t's piece, whose grid
+// spacing is step(t)); so the code is min(floor(2t), floor(t) + 2, floor(t/2) + 4, 7). Each floor is one FMA or add
+// rounded toward -inf onto 2^23 (ulp 1): the minimum is 2^23 + code. u * step(a) is r * (step(a) / 256), the same
+// exact product. Equal to e2m1_encode_sr (code bits) for every |p| in [2^-24, 16) and all 256 bytes, checked
+// exhaustively on the host with the floors in exact arithmetic, and for sampled |p| below and above that range (to
+// +Inf); the sign nibble bits are gathered as in nvfp4_pack8_nonan (sign of p, as e2m1_encode_sr's).
+TE_HD uint32_t nvfp4_pack8_sr_nonan(const float v[8], float enc, uint32_t r0, uint32_t r1) {
+#if defined(__CUDA_ARCH__)
+  uint32_t c = 0u, t = 0u;
+#pragma unroll
+  for (int k = 7; k >= 0; --k) {
+    const float p = v[k] * enc;
+    const float a = fabsf(p);
+    const float s = a < 2.0f ? 0x1p-9f : (a < 4.0f ? 0x1p-8f : 0x1p-7f);  // step(a) / 256
+    const float tt = __fmaf_rn(float(nvfp4_sr_byte(r0, r1, k)), s, a);
+    const float lo = fminf(__fmaf_rd(tt, 2.0f, 0x1p23f), __fadd_rd(tt, 0x1.000004p23f));
+    const float m = fminf(lo, fminf(__fmaf_rd(tt, 0.5f, 0x1.000008p23f), 0x1.00000ep23f));
+    t = __funnelshift_l(float_bits(p), t, 4);  // t * 16 + (p >> 28)
+    c = c * 16u + float_bits(m);
+  }
+  return (t & 0x88888888u) | (c - nvfp4_pack8_bias());
+#else
+  return nvfp4_pack8_sr(v, enc, r0, r1);
+#endif
+}
+
 // ---- Two-level scaling ------------------------------------------------------------------------------------------
 // Global encode scale S_enc = min(fl(2688 / amax), FLT_MAX); 1 when amax is 0 or Inf (S_enc would be 0).
 TE_HD float nvfp4_global_scale(float amax) {
@@ -229,49 +269,64 @@ TE_HD Philox4 nvfp4_block_bits(const RngKey& key, int64_t blk, int copy) {
 // y_j = sum_i v_i * s_i * H16[i][j] / 4, H16[i][j] = (-1)^popcount(i & j), accumulated in FP32 in index order
 // (starting from the i = 0 term), each y_j rounded to bf16. R = diag(s) * H16 / 4 is orthogonal.
 TE_HD int popcount4(uint32_t x) { return int((x & 1u) + ((x >> 1) & 1u) + ((x >> 2) & 1u) + ((x >> 3) & 1u)); }
+// The sums of rht16 from the signed, scaled inputs w_i = s_i * v_i / 4 (each exact): unrolled, every H16 sign is a
+// constant, 15 additions or subtractions an output, in index order; outputs rounded to bf16 in pairs.
+TE_HD void rht16_sums(const float w[16], float y[16]) {
+#pragma unroll
+  for (int j = 0; j < 16; j += 2) {
+    float acc[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      acc[h] = w[0];
+#pragma unroll
+      for (int i = 1; i < 16; ++i) acc[h] = acc[h] + ((popcount4(uint32_t(i & (j + h))) & 1) ? -w[i] : w[i]);
+    }
+    const uint32_t b = float2_to_bf16x2(acc[0], acc[1]);
+    y[j] = bits_float(b << 16);
+    y[j + 1] = bits_float(b & 0xFFFF0000u);
+  }
+}
+TE_HD float rht_input_factor(uint32_t sign_mask, int i) { return ((sign_mask >> i) & 1u) ? -0.25f : 0.25f; }
 TE_HD void rht16(const float v[16], uint32_t sign_mask, float y[16]) {
   float w[16];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) w[i] = (((sign_mask >> i) & 1u) ? -v[i] : v[i]) * 0.25f;  // exact
-  // Unrolled, every H16 sign is a constant: 15 additions or subtractions an output, in index order.
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    float acc = w[0];
-#pragma unroll
-    for (int i = 1; i < 16; ++i) acc = acc + ((popcount4(uint32_t(i & j)) & 1) ? -w[i] : w[i]);
-    y[j] = round_to<bf16_t>(acc);
+  for (int i = 0; i < 16; ++i) w[i] = v[i] * rht_input_factor(sign_mask, i);  // exact: s_i * v_i / 4
+  rht16_sums(w, y);
+}
+
+// The 16 codes of one block as two words (elements 0-7, 8-15) with multiplier `enc`: RNE (`bits` null) or stochastic
+// rounding with `bits` (byte j of the four words drives element j). `finite` and `amax` as for nvfp4_pack16 (what the
+// caller knows of the values: every value finite; an upper bound of their magnitudes); the same nibbles either way.
+TE_HD void nvfp4_encode_words(const float v[16], float enc, float amax, bool finite, const Philox4* bits,
+                              uint32_t w[2]) {
+  if (bits == nullptr) {
+    nvfp4_pack16(v, amax, enc, finite, w);
+  } else if (finite) {
+    w[0] = nvfp4_pack8_sr_nonan(v, enc, bits->v[0], bits->v[1]);
+    w[1] = nvfp4_pack8_sr_nonan(v + 8, enc, bits->v[2], bits->v[3]);
+  } else {
+    w[0] = nvfp4_pack8_sr(v, enc, bits->v[0], bits->v[1]);
+    w[1] = nvfp4_pack8_sr(v + 8, enc, bits->v[2], bits->v[3]);
   }
 }
 
 // Quantizes one 16-element block of values `v` (what the copy encodes) given its scale byte and the copy's
 // S_dec; `bits` (may be null: RNE) supplies the stochastic-rounding bytes. Writes 8 packed bytes.
 TE_HD void nvfp4_encode_block(const float v[16], uint8_t sf, float s_dec, const Philox4* bits, uint8_t out[8]) {
-  const float enc = nvfp4_block_multiplier(sf, s_dec);
-  if (bits == nullptr) {
-    // Finite values (enc is finite) give NaN-free products: the few-instruction encoder, uncapped where the
-    // block's largest product is below 7 (the same nibbles: nvfp4_pack16).
-    float a = 0.0f;
-    bool finite = true;
+  // Finite values (enc is finite) give NaN-free products: the few-instruction encoders, uncapped where the block's
+  // largest product is below 7 (the same nibbles: nvfp4_encode_words).
+  float a = 0.0f;
+  bool finite = true;
 #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      a = amax_update(a, v[k]);
-      finite &= (float_bits(v[k]) & 0x7F800000u) != 0x7F800000u;  // exponent field not all ones: not Inf / NaN
-    }
-    uint32_t w[2];
-    nvfp4_pack16(v, a, enc, finite, w);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      for (int j = 0; j < 4; ++j) out[4 * h + j] = uint8_t(w[h] >> (8 * j));
-    return;
+  for (int k = 0; k < 16; ++k) {
+    a = amax_update(a, v[k]);
+    finite &= (float_bits(v[k]) & 0x7F800000u) != 0x7F800000u;  // exponent field not all ones: not Inf / NaN
   }
+  uint32_t w[2];
+  nvfp4_encode_words(v, nvfp4_block_multiplier(sf, s_dec), a, finite, bits, w);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {  // unrolled: bits->v is indexed by constants (registers, not local memory)
-    const uint32_t w = bits->v[j >> 1];
-    const int sh = (j & 1) * 16;
-    const uint8_t lo = e2m1_encode_sr(v[2 * j] * enc, (w >> sh) & 0xFFu);
-    const uint8_t hi = e2m1_encode_sr(v[2 * j + 1] * enc, (w >> (sh + 8)) & 0xFFu);
-    out[j] = uint8_t(lo | (hi << 4));
-  }
+  for (int h = 0; h < 2; ++h)
+    for (int j = 0; j < 4; ++j) out[4 * h + j] = uint8_t(w[h] >> (8 * j));
 }
 
 // One block of a cast: the E4M3 scale code of `amax` into *scale, the 8 code bytes of `v` into `out`; stochastic

@@ -8,6 +8,8 @@
 // per (16-row group, column), max of |x| and of |RHT(column segment)|; atomicMax on the bits.
 #include "quantize_nvfp4.h"
 
+#include <type_traits>
+
 #include "../../rules/cuda_utils.cuh"
 
 namespace te {
@@ -95,19 +97,23 @@ __device__ __forceinline__ void store8(uint8_t* dst, const uint8_t b[8]) {
 
 // Zeroes the padding entries of the scale tensors (grid-stride over the padded index space; only where there is
 // padding), so that every byte of a quantized tensor is written by one launch.
+// The block's index in a 1-D or 2-D grid, and the grid's size.
+__device__ __forceinline__ int64_t linear_block() { return int64_t(blockIdx.y) * gridDim.x + blockIdx.x; }
+__device__ __forceinline__ int64_t grid_blocks() { return int64_t(gridDim.y) * gridDim.x; }
+
 __device__ void zero_scale_padding(const Nvfp4Params& p) {
   const int t = threadIdx.x;
   const int64_t rows = p.rows, cols = p.cols, nblk = cols / kNvBlock;
   const Nvfp4ScaleShapes s = nvfp4_scale_shapes(rows, cols);
-  const int64_t stride = int64_t(gridDim.x) * kThreads;
+  const int64_t stride = grid_blocks() * kThreads;
   if (p.row_data != nullptr && (s.row_r > rows || s.row_c > nblk)) {  // only where there is padding
-    for (int64_t i = int64_t(blockIdx.x) * kThreads + t; i < s.row_r * s.row_c; i += stride) {
+    for (int64_t i = linear_block() * kThreads + t; i < s.row_r * s.row_c; i += stride) {
       const int64_t r = i / s.row_c, c = i % s.row_c;
       if (r >= rows || c >= nblk) p.row_scale[nv_row_scale_offset(r, c, cols, p.swizzled)] = 0;
     }
   }
   if (p.col_data != nullptr && (s.col_r > cols || s.col_c > rows / kNvBlock)) {
-    for (int64_t i = int64_t(blockIdx.x) * kThreads + t; i < s.col_r * s.col_c; i += stride) {
+    for (int64_t i = linear_block() * kThreads + t; i < s.col_r * s.col_c; i += stride) {
       const int64_t r = i / s.col_c, c = i % s.col_c;
       if (r >= cols || c >= rows / kNvBlock) p.col_scale[nv_col_scale_offset(r, c, rows, p.swizzled)] = 0;
     }
@@ -122,7 +128,7 @@ struct CastGlobals {
 };
 __device__ __forceinline__ CastGlobals cast_globals(const Nvfp4Params& p) {
   const float amax_row = *p.amax_in_row, amax_col = *p.amax_in_col;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  if (linear_block() == 0 && threadIdx.x == 0) {
     if (p.amax_out_row) *p.amax_out_row = amax_row;
     if (p.amax_out_col) *p.amax_out_col = amax_col;
   }
@@ -212,98 +218,254 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_k
 }
 
 // The cast of full 32-row x 256-column tiles (rows % 32 == 0, cols % 256 == 0, 16-byte aligned input): the same
-// blocks, encoders and Philox counters as nvfp4_cast_kernel, so the same bytes, with wide memory accesses. Thread t
-// loads the two 16-element row segments (rows t/16 and t/16 + 16, segment t%16) as 16-byte vectors and encodes those
-// rowwise blocks from its registers; the tile goes through shared memory once for the columnwise blocks, and thread
-// t encodes column t's two 16-row blocks and stores their 16 bytes at once (one 16-byte store a column instead of
-// two 8-byte ones rows/2 bytes apart).
+// blocks, encoders and Philox counters as nvfp4_cast_kernel, so the same bytes, with wide memory accesses and the
+// options as template flags (each launch runs the straight-line code of its path). Thread t loads the two 16-element
+// row segments (rows t/16 and t/16 + 16, segment t%16) as 16-byte vectors and encodes those rowwise blocks from its
+// registers; the tile goes through shared memory once for the columnwise blocks, and thread t encodes column t's two
+// 16-row blocks and stores their 16 bytes at once (one 16-byte store a column instead of two 8-byte ones rows/2
+// bytes apart).
 constexpr int kFastRows = 32;
-template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_cast_fast_kernel(Nvfp4Params p) {
+
+// Shared memory of the fast cast. tile: FP32 [32][256] row-major, the four 16-byte chunks of each 16-column segment
+// sg permuted by XOR with (sg / 2) % 4, so that the rowwise threads' 16-byte stores (eight segments a quarter warp)
+// and the columnwise threads' 4-byte loads (two segments a warp) touch every bank once. With RHT the tile holds the
+// columnwise copy's Hadamard inputs s_i * x / 4 (the rowwise blocks are encoded from registers). seg_amax: 2-D only,
+// [half][segment][warp] the max over the warp's two rows of the half. enc: the block multipliers of scale codes
+// 0..127 of the rowwise and the columnwise copy (a scale code is <= 0x7E: the block amax is NaN-free).
+struct FastSmem {
+  float tile[kFastRows * kTileCols];
+  float seg_amax[2][16][8];
+  float enc[2][128];
+};
+__device__ __forceinline__ int fast_tile_index(int row, int col) {
+  const int sg = col / 16, chunk = (col / 4) % 4;
+  return row * kTileCols + sg * 16 + ((chunk ^ ((sg / 2) % 4)) * 4) + col % 4;
+}
+
+// max(running, |v|) propagating NaN (PTX max.NaN): over a block, NaN if any value is NaN, else +Inf if any is
+// infinite, else amax_update's maximum; so whether every value is finite is one compare.
+__device__ __forceinline__ float amax_nan_update(float running, float v) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(running), "f"(fabsf(v)));
+  return r;
+}
+// A block's amax (amax_update's, NaN ignored) and whether all its values are finite.
+struct BlockMax {
+  float amax;
+  bool finite;
+};
+__device__ __forceinline__ BlockMax block_max(const float v[16]) {
+  float m = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 16; ++k) m = amax_nan_update(m, v[k]);
+  const bool finite = m <= kFloatMax;  // false for NaN and +Inf
+  if (!finite) {  // rare: the NaN-ignoring amax of SPEC §2
+    m = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 16; ++k) m = amax_update(m, v[k]);
+  }
+  return {m, finite};
+}
+
+// Eight raw input values widened to FP32 (bf16: from the four 32-bit words, one shift or mask each).
+template <typename InT> __device__ __forceinline__ void widen8(const act_cuda::Vec8<InT>& raw, float* v) {
+  if constexpr (std::is_same_v<InT, bf16_t>) {
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t b = act_cuda::raw_word(raw, w);
+      v[2 * w] = bits_float(b << 16);
+      v[2 * w + 1] = bits_float(b & 0xFFFF0000u);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < act_cuda::kVec; ++k) v[k] = to_float(raw.e[k]);
+  }
+}
+
+// One block: its E4M3 scale code from `scale_amax` into *scale and its two code words (nvfp4_encode_words; `amax`
+// bounds the values' magnitudes, `finite` says they are all finite). The code is float2_to_fp8x2's low byte
+// (nvfp4_block_scale; the high byte, the code of 0, is 0) and indexes the copy's multiplier table.
+template <bool kSr>
+__device__ __forceinline__ uint2 fast_block(const float v[16], float scale_amax, float amax, bool finite,
+                                            float s_enc6, const float* enc_tab, const RngKey& key, int64_t counter,
+                                            int copy, uint8_t* scale) {
+  const uint32_t sf = float2_to_fp8x2<true>(scale_amax * s_enc6, 0.0f);
+  *scale = uint8_t(sf);
+  Philox4 bits;
+  if (kSr) bits = nvfp4_block_bits(key, counter, copy);
+  uint32_t w[2];
+  nvfp4_encode_words(v, enc_tab[sf], amax, finite, kSr ? &bits : nullptr, w);
+  return make_uint2(w[0], w[1]);
+}
+
+// Offsets of a thread's data in the fast cast's tile at rows r0.., columns c0.. (elements of x; bytes of the data and
+// scale tensors; Philox block counters) for its first 16-row half, as the sum of a part of the tile (FastOffsets
+// ::tile, the same for the whole block) and a part of the thread (::thread, the same for every tile): both split
+// exactly because r0 % 32 == 0 and c0 % 256 == 0 (the swizzled layout's 128-row and 4-column tiles, SPEC §4.8, are
+// then cut only along the thread's coordinates).
+struct FastOffsets {
+  int64_t x, row_data, row_scale, row_ctr, col_data, col_scale, col_ctr;
+  __device__ __forceinline__ FastOffsets operator+(const FastOffsets& o) const {
+    return {x + o.x, row_data + o.row_data, row_scale + o.row_scale, row_ctr + o.row_ctr, col_data + o.col_data,
+            col_scale + o.col_scale, col_ctr + o.col_ctr};
+  }
+  // The tile's part; rowwise blocks (row r0 + g, block c0 / 16 + sg), columnwise blocks (column c0 + t, row block
+  // r0 / 16).
+  static __device__ __forceinline__ FastOffsets tile(const Nvfp4Params& p, int64_t r0, int64_t c0) {
+    const int64_t rows = p.rows, cols = p.cols, nblk = cols / kNvBlock, b0 = c0 / kNvBlock;
+    const int64_t rpad = roundup(nblk, 4), cpad = roundup(rows / kNvBlock, 4);
+    FastOffsets o;
+    o.x = r0 * cols + c0;
+    o.row_data = r0 * (cols / 2) + c0 / 2;
+    o.row_scale = p.swizzled ? ((r0 / 128) * (rpad / 4) + b0 / 4) * 512 + (r0 % 128 / 32) * 4 : r0 * rpad + b0;
+    o.row_ctr = r0 * nblk + b0;
+    o.col_data = c0 * (rows / 2) + r0 / 2;
+    o.col_scale = p.swizzled ? ((c0 / 128) * (cpad / 4) + r0 / 64) * 512 + r0 / kNvBlock % 4 : c0 * cpad + r0 / kNvBlock;
+    o.col_ctr = c0 * (rows / kNvBlock) + r0 / kNvBlock;
+    return o;
+  }
+  static __device__ __forceinline__ FastOffsets thread(const Nvfp4Params& p, int g, int sg, int t) {
+    const int64_t rows = p.rows, cols = p.cols, nblk = cols / kNvBlock;
+    const int64_t rpad = roundup(nblk, 4), cpad = roundup(rows / kNvBlock, 4);
+    FastOffsets o;
+    o.x = g * cols + sg * 16;
+    o.row_data = g * (cols / 2) + sg * 8;
+    o.row_scale = p.swizzled ? (sg / 4) * 512 + g * 16 + sg % 4 : g * rpad + sg;
+    o.row_ctr = g * nblk + sg;
+    o.col_data = t * (rows / 2);
+    o.col_scale = p.swizzled ? (t / 128) * (cpad / 4) * 512 + (t % 32) * 16 + (t % 128 / 32) * 4 : t * cpad;
+    o.col_ctr = t * (rows / kNvBlock);
+    return o;
+  }
+};
+
+// Tiles of one block of the fast cast: kFastRowTiles row tiles of one column tile (the per-block setup, the global
+// scales and the multiplier tables, is paid once for them).
+constexpr int kFastRowTiles = 4;
+
+// Four blocks an SM (at most 64 registers a thread); three with stochastic rounding (its Philox state and random words
+// would spill at 64).
+template <bool kSr> constexpr int kFastMinBlocks = kSr ? 3 : 4;
+
+template <typename InT, bool kTwoD, bool kSr, bool kRht>
+__global__ void __launch_bounds__(kThreads, kFastMinBlocks<kSr>) nvfp4_cast_fast_kernel(Nvfp4Params p) {
   if (p.noop != nullptr && *p.noop == 1.0f) return;
-  __shared__ float tile[kFastRows * kRowStride];
-  __shared__ float seg_amax[kFastRows][16];  // [row][16-col segment] block amaxes, for the 2-D tile amax
+  __shared__ __align__(16) FastSmem sm;
   const int t = threadIdx.x;
-  const int64_t rows = p.rows, cols = p.cols, nblk = cols / kNvBlock;
+  const int64_t rows = p.rows, cols = p.cols;
   const CastGlobals gs = cast_globals(p);
-  const int64_t col_tiles = cols / kTileCols, tiles = (rows / kFastRows) * col_tiles;
+  const float s_enc6_row = gs.s_enc_row * kInv6, s_enc6_col = gs.s_enc_col * kInv6;  // nvfp4_block_scale's factor
+  sm.enc[t / 128][t % 128] = nvfp4_block_multiplier(uint8_t(t % 128), t < 128 ? gs.s_dec_row : gs.s_dec_col);
   const InT* x = static_cast<const InT*>(p.x);
   const int g = t / 16, sg = t % 16;  // row group (rows g, g + 16) and 16-column segment of this thread
-  for (int64_t tile_id = blockIdx.x; tile_id < tiles; tile_id += gridDim.x) {
-    const int64_t r0 = (tile_id / col_tiles) * kFastRows, c0 = (tile_id % col_tiles) * kTileCols;
+  // The Hadamard input factor of this thread's rows (index g of both 16-row blocks).
+  const float rht_factor = kRht ? rht_input_factor(p.rht_sign_mask, g) : 0.0f;
+  const FastOffsets own = FastOffsets::thread(p, g, sg, t);
+  // From the first 16-row half to the second: rowwise 16 rows further (swizzled: (i % 32) * 16 grows by 256, as
+  // r0 % 32 == 0 and g < 16); columnwise the next row block (+1 in both layouts: r0 / 16 is even).
+  const int64_t row_scale_step = p.swizzled ? 256 : 16 * roundup(cols / kNvBlock, 4);
+  const int64_t c0 = int64_t(blockIdx.x) * kTileCols;
+  for (int64_t rt = blockIdx.y; rt < rows / kFastRows; rt += gridDim.y) {
+    const int64_t r0 = rt * kFastRows;
+    const FastOffsets o = FastOffsets::tile(p, r0, c0) + own;
     float rv[2][16];
-    float ramax[2];
+    BlockMax bm[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const InT* src = x + (r0 + g + 16 * h) * cols + c0 + sg * 16;
+      const InT* src = x + o.x + 16 * h * cols;
       const act_cuda::Vec8<InT> a = act_cuda::load8(src, true, act_cuda::kVec);
       const act_cuda::Vec8<InT> b = act_cuda::load8(src + 8, true, act_cuda::kVec);
-      ramax[h] = 0.0f;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        rv[h][k] = to_float(a.e[k]);
-        rv[h][8 + k] = to_float(b.e[k]);
-      }
-#pragma unroll
-      for (int k = 0; k < 16; ++k) ramax[h] = amax_update(ramax[h], rv[h][k]);
+      widen8(a, rv[h]);
+      widen8(b, rv[h] + 8);
+      bm[h] = block_max(rv[h]);
     }
     __syncthreads();  // the previous tile's readers are done
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int k = 0; k < 16; ++k) tile[(g + 16 * h) * kRowStride + sg * kBlkStride + k] = rv[h][k];
-      if (p.two_d) seg_amax[g + 16 * h][sg] = ramax[h];
+      for (int q = 0; q < 4; ++q) {
+        float4 c = make_float4(rv[h][4 * q], rv[h][4 * q + 1], rv[h][4 * q + 2], rv[h][4 * q + 3]);
+        if (kRht) c = make_float4(c.x * rht_factor, c.y * rht_factor, c.z * rht_factor, c.w * rht_factor);
+        *reinterpret_cast<float4*>(&sm.tile[fast_tile_index(g + 16 * h, sg * 16 + 4 * q)]) = c;
+      }
+      if (kTwoD) {  // the max over this warp's two rows of the half (lanes l and l ^ 16: rows g and g ^ 1)
+        const float m = fmaxf(bm[h].amax, __shfl_xor_sync(0xFFFFFFFFu, bm[h].amax, 16));
+        if ((t & 16) == 0) sm.seg_amax[h][sg][t / 32] = m;
+      }
     }
-    __syncthreads();
+    // 2-D: whether every value of the tile is finite (the columnwise blocks' finite flag), with the barrier.
+    bool tile_finite = true;
+    if (kTwoD) {
+      tile_finite = __syncthreads_or(!(bm[0].finite && bm[1].finite)) == 0;
+    } else {
+      __syncthreads();
+    }
+    // 2-D: the amax of 16x16 tile (half h, segment j), from the eight warps' maxima.
+    const auto tile_amax = [&](int h, int j) {
+      const float4 lo = *reinterpret_cast<const float4*>(&sm.seg_amax[h][j][0]);
+      const float4 hi = *reinterpret_cast<const float4*>(&sm.seg_amax[h][j][4]);
+      return fmaxf(fmaxf(fmaxf(lo.x, lo.y), fmaxf(lo.z, lo.w)), fmaxf(fmaxf(hi.x, hi.y), fmaxf(hi.z, hi.w)));
+    };
     if (p.row_data != nullptr) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        float amax = ramax[h];
-        if (p.two_d) {
-          amax = 0.0f;
-#pragma unroll
-          for (int i = 0; i < 16; ++i) amax = amax_update(amax, seg_amax[16 * h + i][sg]);
-        }
-        const int64_t r = r0 + g + 16 * h, b = c0 / kNvBlock + sg;
-        uint8_t out[8];
-        nvfp4_emit_block(rv[h], amax, gs.s_enc_row, gs.s_dec_row, p.sr, gs.key, r * nblk + b, 0,
-                         &p.row_scale[nv_row_scale_offset(r, b, cols, p.swizzled)], out);
-        store8(p.row_data + r * (cols / 2) + b * 8, out);
+        const float amax = kTwoD ? tile_amax(h, sg) : bm[h].amax;
+        *reinterpret_cast<uint2*>(p.row_data + o.row_data + 16 * h * (cols / 2)) =
+            fast_block<kSr>(rv[h], amax, bm[h].amax, bm[h].finite, s_enc6_row, sm.enc[0], gs.key,
+                            o.row_ctr + 16 * h * (cols / kNvBlock), 0, p.row_scale + o.row_scale + h * row_scale_step);
       }
     }
     if (p.col_data != nullptr) {
-      uint8_t out[16];
-      const int64_t c = c0 + t;
+      uint2 w[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float cv[16], y[16];
 #pragma unroll
-        for (int i = 0; i < 16; ++i) cv[i] = tile[(16 * h + i) * kRowStride + (t / 16) * kBlkStride + t % 16];
-        const float* vals = cv;
-        if (p.rht) {
-          rht16(cv, p.rht_sign_mask, y);
-          vals = y;
-        }
-        float amax = 0.0f;
-        if (p.two_d) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) amax = amax_update(amax, seg_amax[16 * h + i][t / 16]);
+        for (int i = 0; i < 16; ++i) cv[i] = sm.tile[fast_tile_index(16 * h + i, t)];
+        if (kRht) rht16_sums(cv, y);
+        const float* vals = kRht ? y : cv;
+        // The scale's amax, and a bound of the values' magnitudes with their finite flag: without 2-D both from the
+        // values; with 2-D the tile's (it bounds the untransformed values; the Hadamard outputs take their own).
+        BlockMax vm{0.0f, tile_finite};
+        float amax;
+        if (kTwoD) {
+          amax = tile_amax(h, t / 16);
+          vm.amax = amax;
+          if (kRht) vm = block_max(vals);
         } else {
-#pragma unroll
-          for (int k = 0; k < 16; ++k) amax = amax_update(amax, vals[k]);
+          vm = block_max(vals);
+          amax = vm.amax;
         }
-        const int64_t rt = r0 / kNvBlock + h;
-        nvfp4_emit_block(vals, amax, gs.s_enc_col, gs.s_dec_col, p.sr, gs.key, c * (rows / kNvBlock) + rt, 1,
-                         &p.col_scale[nv_col_scale_offset(c, rt, rows, p.swizzled)], out + 8 * h);
+        w[h] = fast_block<kSr>(vals, amax, vm.amax, vm.finite, s_enc6_col, sm.enc[1], gs.key, o.col_ctr + h, 1,
+                               p.col_scale + o.col_scale + h);
       }
-      uint4 w;
-      w.x = uint32_t(out[0]) | (uint32_t(out[1]) << 8) | (uint32_t(out[2]) << 16) | (uint32_t(out[3]) << 24);
-      w.y = uint32_t(out[4]) | (uint32_t(out[5]) << 8) | (uint32_t(out[6]) << 16) | (uint32_t(out[7]) << 24);
-      w.z = uint32_t(out[8]) | (uint32_t(out[9]) << 8) | (uint32_t(out[10]) << 16) | (uint32_t(out[11]) << 24);
-      w.w = uint32_t(out[12]) | (uint32_t(out[13]) << 8) | (uint32_t(out[14]) << 16) | (uint32_t(out[15]) << 24);
-      *reinterpret_cast<uint4*>(p.col_data + c * (rows / 2) + (r0 / kNvBlock) * 8) = w;  // rows % 32: 16-aligned
+      // rows % 32: 16-byte aligned
+      *reinterpret_cast<uint4*>(p.col_data + o.col_data) = make_uint4(w[0].x, w[0].y, w[1].x, w[1].y);
     }
   }
   zero_scale_padding(p);
+}
+
+// The fast kernel of a cast's options (RHT: bf16 input only): one block per column tile and kFastRowTiles row tiles.
+template <typename InT> void launch_cast_fast(const Nvfp4Params& p, cudaStream_t s) {
+  const int64_t row_tiles = p.rows / kFastRows;
+  const dim3 grid(unsigned(p.cols / kTileCols), unsigned(std::min<int64_t>(ceil_div(row_tiles, kFastRowTiles), 65535)));
+  const auto go = [&](auto two_d, auto sr, auto rht) {
+    nvfp4_cast_fast_kernel<InT, decltype(two_d)::value, decltype(sr)::value, decltype(rht)::value>
+        <<<grid, kThreads, 0, s>>>(p);
+  };
+  const auto with_rht = [&](auto two_d, auto sr) {
+    if constexpr (std::is_same_v<InT, bf16_t>) {
+      if (p.rht) return go(two_d, sr, std::true_type{});
+    }
+    go(two_d, sr, std::false_type{});
+  };
+  const auto with_sr = [&](auto two_d) {
+    if (p.sr) return with_rht(two_d, std::true_type{});
+    with_rht(two_d, std::false_type{});
+  };
+  if (p.two_d) return with_sr(std::true_type{});
+  with_sr(std::false_type{});
 }
 
 void check_launch(const char* what) {
@@ -339,11 +501,9 @@ void quantize_nvfp4_cuda(DType in_dtype, const Nvfp4Params& p, cudaStream_t s) {
   // One launch even for an empty tensor: block 0 writes the amax fields and the padding is zeroed.
   const auto aligned = [](const void* ptr) { return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (p.rows > 0 && p.rows % kFastRows == 0 && p.cols % kTileCols == 0 && aligned(p.x) && aligned(p.row_data) &&
-      aligned(p.col_data)) {
-    const int64_t tiles = (p.rows / kFastRows) * (p.cols / kTileCols);
-    TE_SWITCH_IN_DTYPE(in_dtype, T, {
-      nvfp4_cast_fast_kernel<T><<<grid_for(tiles, 1), kThreads, 0, s>>>(p);
-    });
+      aligned(p.col_data) && (!p.rht || in_dtype == DType::kBFloat16) &&
+      p.cols / kTileCols <= 0x7FFFFFFF) {
+    TE_SWITCH_IN_DTYPE(in_dtype, T, { launch_cast_fast<T>(p, s); });
   } else {
     const int64_t tiles = ceil_div(p.rows, kNvBlock) * ceil_div(p.cols, kTileCols);
     TE_SWITCH_IN_DTYPE(in_dtype, T, {
