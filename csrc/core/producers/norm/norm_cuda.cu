@@ -72,13 +72,13 @@ void norm_bwd_cuda(const NormBwdParams& p, cudaStream_t s) {
   TE_SWITCH_IN_DTYPE(p.x_dtype, T, {
     norm_cuda::by_chunks(p.hidden, [&](auto nc) {
       constexpr int kNC = decltype(nc)::value;
-      const int64_t smem = norm_cuda::norm_bwd_smem(kNC, L, ln, p.hidden);
+      const int64_t smem = norm_cuda::norm_bwd_smem(kNC, L, ln, p.hidden, vec);
       constexpr auto kKernel = norm_cuda::bwd_kernel<T, kNC>;
       // The most a kernel with its chunks in registers takes: LayerNorm, 4 chunks a lane, the widest row of 4 chunks.
       const int64_t widest = int64_t(4) * kNormVec * norm_lanes(int64_t(1) << 30);
       static const bool allowed = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                        int(norm_cuda::norm_bwd_smem(4, norm_lanes(widest), true,
-                                                                                    widest))) == cudaSuccess;
+                                                                                    widest, true))) == cudaSuccess;
       (void)allowed;
       kKernel<<<unsigned(blocks), L, size_t(smem), s>>>(p, vec);
     });

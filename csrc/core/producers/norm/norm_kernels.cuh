@@ -396,9 +396,13 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks<kOut>()) fwd_kernel(N
 // Backward: one block of L threads per partial row (norm_bwd_rows consecutive rows, in order). With the chunks in
 // registers (NC > 0) each thread keeps the dgamma / dbeta column sums of its own chunks in shared memory (its own
 // slots: no synchronisation; registers would spill), norm_bwd_smem bytes; NC = 0: in the partial row itself.
-// With NC > 0 the applied gamma is staged in shared memory too (after the sums): h floats.
-TE_HD int64_t norm_bwd_smem(int nc, int lanes, bool layernorm, int64_t h) {
-  return nc > 0 ? ((layernorm ? 2 : 1) * int64_t(nc) * kNormVec * lanes + h) * int64_t(sizeof(float)) : 0;
+// With NC > 0 the applied gamma is staged in shared memory too (after the sums): h floats; and, with whole 16-byte
+// chunks (`prefetch`), each thread's x and dz chunks of the next row: 2 * nc * 16 bytes a thread, written by
+// cp.async while the current row is reduced (its own slots: no synchronisation).
+TE_HD int64_t norm_bwd_smem(int nc, int lanes, bool layernorm, int64_t h, bool prefetch = false) {
+  if (nc == 0) return 0;
+  const int64_t sums = ((layernorm ? 2 : 1) * int64_t(nc) * kNormVec * lanes + h) * int64_t(sizeof(float));
+  return sums + (prefetch ? 2 * int64_t(nc) * lanes * 16 : 0);
 }
 
 __device__ __forceinline__ void get8(const float4& a, const float4& b, float (&v)[kNormVec]) {
@@ -430,6 +434,22 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
     return acc_s[((beta ? NC : 0) + k) * 2 * L + q * L + lane];
   };
   float* gs = reinterpret_cast<float*>(acc_s + (pb ? 2 : 1) * NC * 2 * L);  // NC > 0: the staged applied gamma
+  // vec (whole, aligned chunks) of a 2-byte dtype with NC > 0: the next row's chunks are prefetched into this thread's stage slots,
+  // [x / dz][NC][L] 16-byte slots after the staged gamma (h % 8 == 0 keeps them 16-byte aligned).
+  uint4* stage = reinterpret_cast<uint4*>(gs + h);
+  const bool pf = NC > 0 && vec && sizeof(InT) == 2;  // a 2-byte chunk of 8 is one 16-byte cp.async
+  const auto prefetch_row = [&](int64_t row) {
+#pragma unroll
+    for (int k = 0; k < (NC > 0 ? NC : 1); ++k) {
+      const int64_t e0 = int64_t(lane) * kNormVec + k * step;
+      if (e0 < h) {
+        act_cuda::cp_async16(&stage[k * L + lane], static_cast<const InT*>(p.x) + row * h + e0);
+        act_cuda::cp_async16(&stage[(NC + k) * L + lane], static_cast<const InT*>(p.dz) + row * h + e0);
+      }
+    }
+    act_cuda::cp_async_commit();
+  };
+  if (pf && r0 < r1) prefetch_row(r0);
   if constexpr (NC > 0) {
     stage_params(gs, nullptr, p.gamma, nullptr, p.gamma_dtype, p.zero_centered_gamma, h, lane, L);
     __syncthreads();
@@ -472,13 +492,19 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
     act_cuda::Vec8<InT> xs[NC > 0 ? NC : 1], ds[NC > 0 ? NC : 1];
     float sa = 0.0f, sb = 0.0f;
     if constexpr (NC > 0) {
+      if (pf) act_cuda::cp_async_wait<0>();  // this row's chunks, prefetched into this thread's slots
 #pragma unroll
       for (int k = 0; k < NC; ++k) {
         const int64_t e0 = int64_t(lane) * kNormVec + k * step;
         if (e0 < h) {
           const int n = h - e0 < kNormVec ? int(h - e0) : kNormVec;
-          xs[k] = act_cuda::load8_stream(static_cast<const InT*>(x) + e0, vec, n);
-          ds[k] = act_cuda::load8_stream(static_cast<const InT*>(dz) + e0, vec, n);
+          if (pf) {
+            xs[k] = *reinterpret_cast<const act_cuda::Vec8<InT>*>(&stage[k * L + lane]);
+            ds[k] = *reinterpret_cast<const act_cuda::Vec8<InT>*>(&stage[(NC + k) * L + lane]);
+          } else {
+            xs[k] = act_cuda::load8_stream(static_cast<const InT*>(x) + e0, vec, n);
+            ds[k] = act_cuda::load8_stream(static_cast<const InT*>(dz) + e0, vec, n);
+          }
         }
       }
 #pragma unroll
@@ -496,6 +522,9 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
           }
         }
       }
+      // The sums consumed the stage's values (in registers from here on): the next row's copies may land there while
+      // this one is reduced and written.
+      if (pf && r + 1 < r1) prefetch_row(r + 1);
     } else {
       for (int64_t e0 = int64_t(lane) * kNormVec; e0 < h; e0 += step) {
         float cx[kNormVec], cd[kNormVec];
