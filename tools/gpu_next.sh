@@ -9,7 +9,9 @@
 #      power-bound?)
 #   4. (acts, not in the default list: minutes of torch.compile) bench_activations' dgelu rows, the backward's
 #      casts with both copies (issue 34 item 2)
-#   5. (normbwd, not in the default list) tools/norm_probe.cu before and after wip/norm_bwd_prefetch.patch: the
+#   5. (model, bench1b, not in the default list) tools/prof_model.py and bench_model.py on the 1B decoder (torch,
+#      FP8 current against bf16 compiled and torchao): issue 36's model step
+#   6. (normbwd, not in the default list) tools/norm_probe.cu before and after wip/norm_bwd_prefetch.patch: the
 #      backward's times and its CPU byte checks (the patch is reverted afterwards)
 # Usage (device tool, carry third_party/cutlass_include and third_party/wheels):
 #   bash tools/gpu_next.sh [patch] [build] [nvfp4] [block] [prof]      (default: all, in this order)
@@ -59,6 +61,18 @@ for step in $steps; do
       git apply wip/norm_bwd_prefetch.patch && probe /tmp/probe_after && \
         timeout 200 /tmp/probe_after 2>&1 | grep -E "bwd|bytes" | sed 's/^/after: /' | tee -a "$OUT/summary.txt"
       git apply -R wip/norm_bwd_prefetch.patch ;;
+    model)
+      # the 1B decoder step's kernels by class, and where the host waits inside a step (issue 36)
+      timeout 280 python3 tools/prof_model.py --size 1b --top 30 --where \
+        --variants "bf16 torch.compile,ours fp8 current (compile),ours fp8 current" >"$OUT/prof_model.txt" 2>&1
+      note "prof_model (exit $?):"
+      grep -E "^== |^   [a-z]|host per phase|between|synchronisations" "$OUT/prof_model.txt" | tee -a "$OUT/summary.txt" ;;
+    bench1b)
+      # bench_model at 1B, torch: the baselines and ours FP8 current, each variant alone (they do not fit together)
+      timeout 520 python3 benchmarks/bench_model.py --sizes 1b --frameworks torch --only "fp8 current" --sequential \
+        --out-dir "$OUT" >/tmp/bench1b.log 2>&1
+      note "bench_model 1b (exit $?):"
+      grep -E "MET|\| " /tmp/bench1b.log | tail -16 | tee -a "$OUT/summary.txt" ;;
     prof)
       timeout 90 python3 tools/prof_step.py --recipes bf16,MXFP8,NVFP4 --host >"$OUT/prof_step.txt" 2>&1
       grep -E "==|host:|idle" "$OUT/prof_step.txt" | tee -a "$OUT/summary.txt"

@@ -38,12 +38,49 @@ def kernel_class(name):
     return next((c for c, pats in CLASSES if any(p in low for p in pats)), "other")
 
 
+def where_host_waits(c):
+    """The host waited for the GPU inside a step (its issue time spans the spin before it): the phase (forward,
+    backward, optimizer) and, from module hooks, the longest host gaps, with what torch's sync debug mode saw."""
+    marks = []
+    hooks = []
+    for name, m in c.model.named_modules():
+        hooks.append(m.register_forward_pre_hook(lambda m, a, n=name: marks.append((time.perf_counter(), f"fwd> {n}"))))
+        hooks.append(m.register_forward_hook(lambda m, a, o, n=name: marks.append((time.perf_counter(), f"fwd< {n}"))))
+        hooks.append(m.register_full_backward_pre_hook(
+            lambda m, g, n=name: marks.append((time.perf_counter(), f"bwd> {n}"))))
+        hooks.append(m.register_full_backward_hook(
+            lambda m, gi, go, n=name: marks.append((time.perf_counter(), f"bwd< {n}"))))
+    try:
+        torch.cuda._sleep(int(3e9))
+        t = [time.perf_counter()]
+        with c.context():
+            loss = c.model(c.tokens, c.targets)
+        t.append(time.perf_counter())
+        loss.backward()
+        t.append(time.perf_counter())
+        c.opt.step()
+        c.opt.zero_grad(set_to_none=True)
+        t.append(time.perf_counter())
+        torch.cuda.synchronize()
+    finally:
+        for h in hooks:
+            h.remove()
+    print("   host per phase: " + ", ".join(f"{n} {1e3 * (b - a):.1f} ms" for n, a, b in
+                                           zip(("forward", "backward", "optimizer"), t, t[1:])))
+    gaps = sorted(((b[0] - a[0], a[1], b[1]) for a, b in zip(marks, marks[1:])), reverse=True)[:5]
+    for dt, a_, b_ in gaps:
+        print(f"     {1e3 * dt:9.2f} ms between {a_} and {b_}")
+    from prof_step import sync_report
+    sync_report(c.step)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="1b", choices=list(BM.SIZES))
     ap.add_argument("--variants", default="bf16 torch.compile,ours fp8 current (compile),ours fp8 current")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--where", action="store_true", help="when the host waits inside a step: where (hooks, phases)")
     a = ap.parse_args()
     args = BM.parse_args([])
     cfg = BM.size_config(a.size, args)
@@ -73,6 +110,8 @@ def main():
         c.step()
         host_ms = (time.perf_counter() - t0) * 1e3
         torch.cuda.synchronize()
+        if host_ms > 500 and a.where:
+            where_host_waits(c)
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         for _ in range(a.steps):

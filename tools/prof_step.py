@@ -102,6 +102,12 @@ def host_report(step, n):
     torch.cuda.synchronize()
     t2 = time.perf_counter()
     print(f"   host: {1e3 * (t1 - t0) / n:.3f} ms to issue a step, {1e3 * (t2 - t0) / n:.3f} ms wall per step")
+    sync_report(step)
+
+
+def sync_report(step):
+    """Every host synchronisation torch sees in one call of step() (torch.cuda.set_sync_debug_mode), with the
+    Python frames that caused it."""
     seen = []
 
     def record(message, category, filename, lineno, file=None, line=None):
