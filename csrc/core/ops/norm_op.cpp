@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "../formats/fp8/fp8.h"
 #include "run.h"
 
 namespace te {
@@ -147,13 +148,18 @@ NormFwdPlan plan_norm_fwd(const NormFwdRequest& r, const QuantSpec& spec, const 
   pl.has_cast = true;
   pl.spec = pl.cast.spec;
   for (int i = 0; i < kNumPieces; ++i) pl.pieces[i] = pl.cast.pieces[i];
-  // The fused CUDA paths: one copy, rowwise, that the norm kernel emits itself (formats' own emitters).
+  // The fused CUDA paths: the rowwise copy, which the norm kernel emits itself (formats' own emitters), and for
+  // per-tensor FP8 the columnwise copy as the byte transpose of its codes (the same codes under one scale: what the
+  // cast of y writes there). Per element that reads x twice and writes and moves one byte twice, where the generic
+  // path writes and reads FP32 y twice (16 bytes against 7; two such norms a layer of a 1B decoder's step).
   const QuantSpec& cs = pl.cast.spec;
   const bool row_only = cs.rowwise && !cs.columnwise && pl.rows > 0;
-  const bool fused_fp8 = (cs.kind == QuantKind::kFp8Delayed || cs.kind == QuantKind::kFp8Current) && row_only;
+  const bool fp8 = cs.kind == QuantKind::kFp8Delayed || cs.kind == QuantKind::kFp8Current;
+  const bool fused_fp8 = fp8 && cs.rowwise && pl.rows > 0;
   const bool fused_mx = cs.kind == QuantKind::kMxfp8 && row_only;
   if (ctx.cuda && !opt.any_device && (fused_fp8 || fused_mx)) {
     pl.path = fused_mx ? NormPath::kFusedMxfp8 : NormPath::kFusedFp8;
+    pl.transpose_copy = fused_fp8 && cs.columnwise;
     if (cs.kind == QuantKind::kFp8Current && cs.amax == nullptr) pl.amax_offset = take(ws, 4);
     pl.workspace_bytes = ws;
     return pl;
@@ -224,6 +230,14 @@ void run_norm_fwd(const NormFwdPlan& pl, const NormFwdIO& io, const ExecCtx& ctx
       }
     }
     launch_fwd(p, ctx);
+#if defined(TE_WITH_CUDA)
+    if (pl.transpose_copy) {
+      run_rewrapping_errors([&] {
+        transpose_bytes_cuda(static_cast<const uint8_t*>(io.out[kRowData]), pl.rows, pl.hidden,
+                             static_cast<uint8_t*>(io.out[kColData]), ctx.stream, cs.noop);
+      });
+    }
+#endif
     return;
   }
   p.y = ws + pl.y_offset;

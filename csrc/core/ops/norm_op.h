@@ -35,7 +35,8 @@ struct NormFwdRequest {
 // How the forward writes its output (decided by the plan from the spec and the device kind).
 enum class NormPath : int {
   kPlain,      // the norm kernel writes y rounded to otype (spec kind kNone)
-  kFusedFp8,   // CUDA: the norm kernel emits per-tensor FP8 (delayed, or current from the amax of y) itself
+  kFusedFp8,   // CUDA: the norm kernel emits per-tensor FP8 (delayed, or current from the amax of y) itself; the
+               // columnwise copy, when asked for, is the byte transpose of those codes (one scale per tensor)
   kFusedMxfp8, // CUDA: the norm kernel emits the MXFP8 rowwise copy itself
   kGeneric,    // the norm kernel writes FP32 y to the workspace; the identity cast (cast plan) quantizes it
 };
@@ -59,6 +60,7 @@ struct NormFwdPlan {
   int64_t y_offset = -1;        // FP32 y [rows, hidden] (kGeneric)
   int64_t cast_ws_offset = -1;  // the cast plan's workspace
   int64_t amax_offset = -1;     // kFusedFp8 current scaling: FP32 amax scratch
+  bool transpose_copy = false;  // kFusedFp8: the columnwise copy transposed from the rowwise codes
 };
 
 // x, gamma, beta (LayerNorm), mu (LayerNorm), rsigma (producers/norm/norm.h), the output pieces, one workspace.

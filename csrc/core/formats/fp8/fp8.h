@@ -33,7 +33,9 @@ void delayed_update_cpu(float* history, int64_t hist_len, int64_t n, float* scal
 #if defined(TE_WITH_CUDA)
 void dequantize_fp8_cuda(const uint8_t* codes, const float* scale_inv, int64_t n, bool e4m3, DType out_dtype,
                          void* out, cudaStream_t s);
-void transpose_bytes_cuda(const uint8_t* in, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t s);
+// `noop` (device, optional): 1.0 writes nothing (the norm's fused FP8 path passes its quantizer's flag).
+void transpose_bytes_cuda(const uint8_t* in, int64_t rows, int64_t cols, uint8_t* out, cudaStream_t s,
+                          const float* noop = nullptr);
 void delayed_update_cuda(float* history, int64_t hist_len, int64_t n, float* scale, const float* reduced,
                          AmaxAlgo algo, float max_over_margin, cudaStream_t s);
 #endif
