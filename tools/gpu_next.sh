@@ -1,29 +1,26 @@
 #!/usr/bin/env bash
-# The measurements the 2026-11-29 (fourth) stop left for the next GPU session, in the order of their value, each
-# with a time limit so that one device call (600 s) leaves its logs in $OUT even when a step runs long:
-#   1. the wip/ patches named in $PATCHES applied (none by default), clean build (timed), the NVFP4 CUDA tests,
-#      the cast times
-#   2. bench_block_gemm (MXFP8 / NVFP4 GEMMs and MLP steps against bf16)
-#   3. the MLP step's kernels, peaks and host side (tools/prof_step.py --host), then tools/step_host_probe.py:
-#      the benchmark's steps with and without a GPU spin before each, with SM clocks and power (host- or
-#      power-bound?)
-#   4. (acts, not in the default list: minutes of torch.compile) bench_activations' dgelu rows, the backward's
-#      casts with both copies (issue 34 item 2)
-#   5. (model, bench1b, not in the default list) tools/prof_model.py and bench_model.py on the 1B decoder (torch,
-#      FP8 current against bf16 compiled and torchao): issue 36's model step
-#   6. (normbwd, not in the default list) tools/norm_probe.cu before and after wip/norm_bwd_prefetch.patch: the
-#      backward's times and its CPU byte checks (the patch is reverted afterwards)
+# The measurements the 2026-11-29 (fifth) stop left for the next GPU session, in the order of their value, each with
+# a time limit so that one device call (600 s) leaves its logs in $OUT even when a step runs long:
+#   1. patch: the wip/ patches named in $PATCHES (none by default; wip/fp8_transpose_words.patch waits); build:
+#      clean one-arch build, timed
+#   2. test: the whole -m cuda suite (7148e83, the norm's fused FP8 path with the transposed copy, ran only its
+#      norm / cast tests)
+#   3. model, bench1b: tools/prof_model.py and bench_model.py on the 1B decoder (torch, FP8 current against bf16
+#      compiled and torchao): issue 36's model step after 7148e83
+#   4. (not in the default list) nvfp4: the NVFP4 CUDA tests and cast times; block: bench_block_gemm; prof: the MLP
+#      step's kernels and host side with the clock probes; acts: bench_activations' both-copy rows (minutes of
+#      torch.compile); normbwd: tools/norm_probe.cu's backward times and CPU byte checks
 # Usage (device tool, carry third_party/cutlass_include and third_party/wheels):
-#   bash tools/gpu_next.sh [patch] [build] [nvfp4] [block] [prof]      (default: all, in this order)
-# A failed patch or build stops the script; the rest record their exit codes in $OUT/summary.txt. At most 7 files
-# land in $OUT (the device tool returns 8): summary.txt, build.log, nvfp4_tests.log, block_gemm.{json,md,png},
-# prof_step.txt.
+#   bash tools/gpu_next.sh [patch] [build] [test] [model] [bench1b] ...     (default: those five, in this order)
+# A failed patch or build stops the script; the rest record their exit codes in $OUT/summary.txt. The device tool
+# returns at most 8 files from $OUT: the default run leaves summary.txt, build.log, pytest.log, prof_model.txt and
+# bench_model's three (model_1b_torch.{json,md}, model.png).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-steps=${*:-patch build nvfp4 block prof}
+steps=${*:-patch build test model bench1b}
 note() { echo "$*" | tee -a "$OUT/summary.txt"; }
 for step in $steps; do
   t0=$(date +%s)
@@ -35,6 +32,9 @@ for step in $steps; do
     build)
       MAX_JOBS=${MAX_JOBS:-16} STEP_LIMIT=240 OUT=$OUT bash tools/gpu_check.sh build || { note "build failed"; exit 1; }
       ;;
+    test)
+      STEP_LIMIT=230 OUT=$OUT bash tools/gpu_check.sh test
+      tail -1 "$OUT/summary.txt" ;;
     nvfp4)
       timeout 150 python3 -m pytest -q -p no:cacheprovider -m cuda -n 8 tests/torch/test_nvfp4.py \
         tests/jax/test_nvfp4_jax.py tests/torch/test_scale_edges.py tests/torch/test_recipe_modes.py \
@@ -51,16 +51,11 @@ for step in $steps; do
       note "bench_activations, the both-copy rows (exit $?):"
       grep -E "dgelu|NOT MET|MET " /tmp/acts.log | tail -30 | tee -a "$OUT/summary.txt" ;;
     normbwd)
-      probe() {
-        nvcc -O3 -fmad=false -std=c++17 -gencode arch=compute_90a,code=sm_90a -DTE_WITH_CUDA --expt-relaxed-constexpr \
-          -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ \
-          -D__CUDA_NO_HALF2_OPERATORS__ -Xcompiler -ffp-contract=off -I csrc/core tools/norm_probe.cu \
-          csrc/core/producers/norm/norm_cpu.cpp -o "$1" -lpthread
-      }
-      probe /tmp/probe_before && timeout 120 /tmp/probe_before fast 2>&1 | grep bwd | sed 's/^/before: /' | tee -a "$OUT/summary.txt"
-      git apply wip/norm_bwd_prefetch.patch && probe /tmp/probe_after && \
-        timeout 200 /tmp/probe_after 2>&1 | grep -E "bwd|bytes" | sed 's/^/after: /' | tee -a "$OUT/summary.txt"
-      git apply -R wip/norm_bwd_prefetch.patch ;;
+      nvcc -O3 -fmad=false -std=c++17 -gencode arch=compute_90a,code=sm_90a -DTE_WITH_CUDA --expt-relaxed-constexpr \
+        -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__ \
+        -D__CUDA_NO_HALF2_OPERATORS__ -Xcompiler -ffp-contract=off -I csrc/core tools/norm_probe.cu \
+        csrc/core/producers/norm/norm_cpu.cpp -o /tmp/norm_probe -lpthread &&
+        timeout 200 /tmp/norm_probe 2>&1 | grep -E "bwd|bytes" | tee -a "$OUT/summary.txt" ;;
     model)
       # the 1B decoder step's kernels by class, and where the host waits inside a step (issue 36)
       timeout 280 python3 tools/prof_model.py --size 1b --top 30 --where \
