@@ -211,6 +211,26 @@ def test_compile_fullgraph_equals_eager():
         assert_identical(outs[1], outs[0], f"compiled step {k}")
 
 
+def test_rope_tables_op_and_packed_rope_match_apply_rotary_pos_emb():
+    """The opaque te_layers::rope_tables op passes opcheck (schema, fake, autograd registration), and the packed
+    RoPE of q and k (one table pair, or separate q / k freqs) gives apply_rotary_pos_emb's bytes, forward and
+    backward."""
+    from transformer_engine_torch import transformer as T
+
+    freqs = rope_freqs(S + 3, 16)
+    torch.library.opcheck(T._rope_tables, (freqs, S, torch.bfloat16))
+    qkv = torch.randn(S, B, 2, 3, 32, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(7))
+    for kf in (freqs, rope_freqs(S, 16, base=500.0)):
+        x1, x2 = qkv.clone().requires_grad_(), qkv.clone().requires_grad_()
+        q, k, v = x1.unbind(3)
+        ref = (T.apply_rotary_pos_emb(q, freqs), T.apply_rotary_pos_emb(k, kf), v)
+        got = T._rope_qkv(x2, freqs, kf, "sbhd")
+        grads = [torch.randn_like(t) for t in ref]
+        torch.autograd.backward(ref, grads)
+        torch.autograd.backward(got, grads)
+        assert all(torch.equal(a, b) for a, b in zip(ref, got)) and torch.equal(x1.grad, x2.grad)
+
+
 def test_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match="hidden_size=64 must be a multiple of num_attention_heads=3"):
         tex.TransformerLayer(H, FFN, 3)
