@@ -693,8 +693,9 @@ def test_cuda_parity_ragged_and_structured():
 @pytest.mark.cuda
 @pytest.mark.parametrize("cfg", [dict(), dict(with_rht=True), dict(with_2d_quantization=True)],
                          ids=["1d", "rht", "2d"])
-def test_cuda_parity_sr_fixed_seed(cfg):
-    x = wide_random((256, 272), torch.bfloat16)
+@pytest.mark.parametrize("shape", [(256, 272), (256, 512)], ids=["generic", "fast-tiles"])
+def test_cuda_parity_sr_fixed_seed(cfg, shape):
+    x = wide_random(shape, torch.bfloat16)
     q = nvq(stochastic_rounding=True, **cfg)
     assert_nv_same(quantize_seeded(x.cuda(), q), quantize_seeded(x, q), f"SR {cfg}")
     tex = tex_module()
