@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The measurements the 2026-11-29 (fifth) stop left for the next GPU session, in the order of their value, each with
 # a time limit so that one device call (600 s) leaves its logs in $OUT even when a step runs long:
-#   1. patch: the wip/ patches named in $PATCHES (none by default; wip/fp8_transpose_words.patch waits); build:
+#   1. patch: the wip/ patches named in $PATCHES (none by default; wip/fp8_transpose_words.patch and
+#      wip/nvfp4_cast_rows64.patch wait); build:
 #      clean one-arch build, timed
 #   2. test: the whole -m cuda suite (7148e83, the norm's fused FP8 path with the transposed copy, ran only its
 #      norm / cast tests)
