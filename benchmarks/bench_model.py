@@ -378,9 +378,6 @@ def jax_child(args):
 def jax_variant(name, args):
     """The row of one JAX variant: build, warm up (the first step compiles), time, read the peak memory."""
     import jax
-    import jax.numpy as jnp
-    import jax_model_peers as PM
-    from flax import nnx
 
     size = args.sizes[0]
     cfg = size_config(size, args)
@@ -393,8 +390,32 @@ def jax_variant(name, args):
     base, _ = in_use()
     row = {"framework": "jax", "size": size, "variant": name, "batch": cfg["batch"],
            "tokens_per_step": cfg["batch"] * cfg["seq"], "valid": True, "status": "ok"}
+    call, state, row["params"] = jax_build(name, cfg)
+    row["loss_first"] = float(call())
+    for _ in range(args.warmup - 1):
+        call()
+    jax.block_until_ready(state["loss"])
+    rounds = 3
+    per_round = max(1, args.iters // rounds)
+    us = [H.stream_us(call, jax.block_until_ready, per_round) for _ in range(rounds)]
+    row["step_ms"] = statistics.median(us) / 1e3
+    row["loss_last"] = float(state["loss"])
+    _, peak = in_use()
+    row["peak_gb"] = None if peak is None or base is None else (peak - base) / 1e9
+    row["jax"] = jax.__version__
+    return row
+
+
+def jax_build(name, cfg):
+    """(call, state, parameter count) of one JAX variant: call() runs one training step (nnx.jit, AdamW) on a fixed
+    batch and returns its loss; state["loss"] holds the latest. Also tools/prof_model_jax.py's builder."""
+    import jax
+    import jax.numpy as jnp
+    import jax_model_peers as PM
+    from flax import nnx
+
     plain = PM.plain_decoder(cfg)
-    row["params"] = int(sum(v.get_value().size for _, v in nnx.to_flat_state(nnx.state(plain, nnx.Param))))
+    params = int(sum(v.get_value().size for _, v in nnx.to_flat_state(nnx.state(plain, nnx.Param))))
     if name == FLAX_BF16:
         model, step = plain, PM.train_step()
     else:
@@ -417,19 +438,7 @@ def jax_variant(name, args):
         state["loss"], state["opt"] = step(model, state["opt"], x, y)
         return state["loss"]
 
-    row["loss_first"] = float(call())
-    for _ in range(args.warmup - 1):
-        call()
-    jax.block_until_ready(state["loss"])
-    rounds = 3
-    per_round = max(1, args.iters // rounds)
-    us = [H.stream_us(call, jax.block_until_ready, per_round) for _ in range(rounds)]
-    row["step_ms"] = statistics.median(us) / 1e3
-    row["loss_last"] = float(state["loss"])
-    _, peak = in_use()
-    row["peak_gb"] = None if peak is None or base is None else (peak - base) / 1e9
-    row["jax"] = jax.__version__
-    return row
+    return call, state, params
 
 
 def tej_decoder(tej, nnx, jnp, PM, recipe, plain, cfg):

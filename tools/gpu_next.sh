@@ -10,7 +10,8 @@
 #      compiled and torchao): issue 36's model step after 7148e83
 #   4. (not in the default list) nvfp4: the NVFP4 CUDA tests and cast times; block: bench_block_gemm; prof: the MLP
 #      step's kernels and host side with the clock probes; acts: bench_activations' both-copy rows (minutes of
-#      torch.compile); normbwd: tools/norm_probe.cu's backward times and CPU byte checks
+#      torch.compile); normbwd: tools/norm_probe.cu's backward times and CPU byte checks; jaxprof: the Flax 1B
+#      step's kernels by class (tools/prof_model_jax.py)
 # Usage (device tool, carry third_party/cutlass_include and third_party/wheels):
 #   bash tools/gpu_next.sh [patch] [build] [test] [model] [bench1b] ...     (default: those five, in this order)
 # A failed patch or build stops the script; the rest record their exit codes in $OUT/summary.txt. The device tool
@@ -63,6 +64,12 @@ for step in $steps; do
         --variants "bf16 torch.compile,ours fp8 current (compile),ours fp8 current" >"$OUT/prof_model.txt" 2>&1
       note "prof_model (exit $?):"
       grep -E "^== |^   [a-z]|host per phase|between|synchronisations" "$OUT/prof_model.txt" | tee -a "$OUT/summary.txt" ;;
+    jaxprof)
+      # the Flax 1B step's device kernels by class (issue 36: Flax FP8 at 1.13x Flax bf16, target 1.3x)
+      timeout 400 python3 tools/prof_model_jax.py --size 1b --variants "flax bf16,ours fp8 current" \
+        >"$OUT/prof_model_jax.txt" 2>&1
+      note "prof_model_jax (exit $?):"
+      grep -E "^== |^   [a-z]" "$OUT/prof_model_jax.txt" | tee -a "$OUT/summary.txt" ;;
     bench1b)
       # bench_model at 1B, torch: the baselines and ours FP8 current, each variant alone (they do not fit together)
       timeout 520 python3 benchmarks/bench_model.py --sizes 1b --frameworks torch --only "fp8 current" --sequential \
