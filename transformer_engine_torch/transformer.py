@@ -35,6 +35,28 @@ def _rotate_half(t: torch.Tensor) -> torch.Tensor:
     return torch.cat((-t2, t1), dim=-1)
 
 
+def _rotate_half_t(t: torch.Tensor) -> torch.Tensor:
+    """The transpose of _rotate_half: _rotate_half_t(_rotate_half(t)) = t."""
+    t1, t2 = t.chunk(2, dim=-1)
+    return torch.cat((t2, -t1), dim=-1)
+
+
+def _on_first(t: torch.Tensor, d_rot: int, fn) -> torch.Tensor:
+    """fn of the first d_rot channels of t, the others passed through (RoPE rotates d_rot <= d channels)."""
+    t_rot, t_pass = t[..., :d_rot], t[..., d_rot:]
+    return torch.cat((fn(t_rot), t_pass), dim=-1) if t_pass.shape[-1] else fn(t_rot)
+
+
+def _rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """t·cos + rotate_half(t)·sin on the first cos.shape[-1] channels of t (cos and sin broadcast against them)."""
+    return _on_first(t, cos.shape[-1], lambda u: u * cos + _rotate_half(u) * sin)
+
+
+def _cos_sin(f: torch.Tensor, dtype: torch.dtype):
+    """The rotation tables of freqs f: cos and sin in FP32 math, rounded to the rotated tensor's dtype."""
+    return f.cos().to(dtype), f.sin().to(dtype)
+
+
 def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd") -> torch.Tensor:
     """TE's rotary embedding (non-interleaved): t [s, b, heads, d] ("sbhd") or [b, s, heads, d] ("bshd"), freqs
     [≥ s, 1, 1, d_rot] (d_rot ≤ d, even); the first d_rot channels become t·cos + rotate_half(t)·sin (cos and sin
@@ -43,11 +65,7 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
     f = freqs[:seq]
     if tensor_format == "bshd":
         f = f.transpose(0, 1)
-    d_rot = f.shape[-1]
-    cos, sin = f.cos().to(t.dtype), f.sin().to(t.dtype)
-    t_rot, t_pass = t[..., :d_rot], t[..., d_rot:]
-    t_rot = t_rot * cos + _rotate_half(t_rot) * sin
-    return torch.cat((t_rot, t_pass), dim=-1) if t_pass.shape[-1] else t_rot
+    return _rope(t, *_cos_sin(f, t.dtype))
 
 
 @torch.library.custom_op("te_layers::rope_tables", mutates_args=())
@@ -56,20 +74,13 @@ def _rope_tables(freqs: torch.Tensor, seq: int, dtype: torch.dtype) -> tuple[tor
     op so that torch.compile computes the [seq, d_rot] tables once, in their own small kernel: traced as plain torch,
     Inductor fuses cos and sin into the rotation and evaluates them once per element of q and k, again in the
     backward (the 1B decoder's RoPE backward took 0.43 ms a layer that way; tools/rope_probe.py)."""
-    f = freqs[:seq]
-    return f.cos().to(dtype), f.sin().to(dtype)
+    return _cos_sin(freqs[:seq], dtype)
 
 
 @_rope_tables.register_fake
 def _(freqs, seq, dtype):
     shape = (seq, *freqs.shape[1:])
     return freqs.new_empty(shape, dtype=dtype), freqs.new_empty(shape, dtype=dtype)
-
-
-def _rotate_half_t(t: torch.Tensor) -> torch.Tensor:
-    """The transpose of _rotate_half: _rotate_half_t(_rotate_half(t)) = t."""
-    t1, t2 = t.chunk(2, dim=-1)
-    return torch.cat((t2, -t1), dim=-1)
 
 
 class _PackedRope(torch.autograd.Function):
@@ -83,19 +94,12 @@ class _PackedRope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv, cos, sin):
         ctx.save_for_backward(cos, sin)
-        qk, v = qkv[..., :2, :], qkv[..., 2, :]
-        d_rot = cos.shape[-1]
-        t_rot, t_pass = qk[..., :d_rot], qk[..., d_rot:]
-        t_rot = t_rot * cos + _rotate_half(t_rot) * sin
-        return (torch.cat((t_rot, t_pass), dim=-1) if t_pass.shape[-1] else t_rot), v
+        return _rope(qkv[..., :2, :], cos, sin), qkv[..., 2, :]
 
     @staticmethod
     def backward(ctx, g_qk, g_v):
         cos, sin = ctx.saved_tensors
-        d_rot = cos.shape[-1]
-        g_rot, g_pass = g_qk[..., :d_rot], g_qk[..., d_rot:]
-        g_rot = g_rot * cos + _rotate_half_t(g_rot * sin)
-        d_qk = torch.cat((g_rot, g_pass), dim=-1) if g_pass.shape[-1] else g_rot
+        d_qk = _on_first(g_qk, cos.shape[-1], lambda u: u * cos + _rotate_half_t(u * sin))
         return torch.cat((d_qk, g_v.unsqueeze(-2)), dim=-2), None, None
 
 
@@ -103,12 +107,12 @@ def _rope_qkv(qkv: torch.Tensor, qf: torch.Tensor, kf: torch.Tensor, tensor_form
     """(q, k, v) of the packed qkv [s, b, heads, 3, d] ("sbhd") or [b, s, heads, 3, d] ("bshd"), q and k rotated by
     their freqs as apply_rotary_pos_emb does."""
     seq = qkv.shape[0] if tensor_format == "sbhd" else qkv.shape[1]
+    # [s, 1, n, d_rot] tables: n = 1 (q and k share freqs) or 2 (q's and k's stacked)
     tables = [_rope_tables(f, seq, qkv.dtype) for f in ((qf,) if qf is kf else (qf, kf))]
-    cos, sin = (torch.cat([t[i] for t in tables], dim=2) if len(tables) > 1 else tables[0][i] for i in range(2))
-    if tensor_format == "bshd":  # [s, 1, n, d_rot] -> [1, s, 1, n, d_rot]
-        cos, sin = cos.transpose(0, 1).unsqueeze(2), sin.transpose(0, 1).unsqueeze(2)
-    else:  # [s, 1, 1, n, d_rot]
-        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+    cos, sin = tables[0] if len(tables) == 1 else (torch.cat(parts, dim=2) for parts in zip(*tables))
+    if tensor_format == "bshd":
+        cos, sin = cos.transpose(0, 1), sin.transpose(0, 1)
+    cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # over the heads: [s, 1, 1, n, d_rot] / [1, s, 1, n, d_rot]
     qk, v = _PackedRope.apply(qkv, cos, sin)
     return qk[..., 0, :], qk[..., 1, :], v
 
