@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Where bench_model's decoder training step spends its GPU time, per variant: the kernels of a few profiled steps
 (torch.profiler), grouped into classes (GEMM, attention, norm, quantize, elementwise / fused, optimizer, copy,
-other) with their share of the step, the top kernels by time, the GPU idle time inside a step, and the host's time
-to issue one. The measured reason behind a bench_model row (issue 36: "a profile of where the step's time goes").
+other) with their share of the step, the top kernels by time, the step's wall time against its kernels' sum, and the
+host's time to issue one (a step of more kernels than the launch queue holds, ~1000, shows the spin's length there:
+the host waited for a queue slot, not for a synchronisation). The measured reason behind a bench_model row (issue 36: "a profile of where the step's time goes").
 Builds the variants exactly as bench_model does (its build()), from the same bf16 weights.
 
     PYTHONPATH=. python tools/prof_model.py [--size 1b] [--variants "bf16 torch.compile,ours fp8 current (compile)"]
@@ -36,6 +37,23 @@ CLASSES = (("attention", ("flash", "fmha", "attention", "sdpa", "cudnn")),
 def kernel_class(name):
     low = name.lower()
     return next((c for c, pats in CLASSES if any(p in low for p in pats)), "other")
+
+
+def print_kernels(events, steps, top):
+    """The classes and the top kernels of `events` [(kernel name, microseconds)] over `steps` steps; returns the
+    kernels' total per step in ms."""
+    rows, classes = {}, {}
+    for name, us in events:
+        t, n = rows.get(name[:100], (0.0, 0))
+        rows[name[:100]] = (t + us, n + 1)
+        k = kernel_class(name)
+        classes[k] = classes.get(k, 0.0) + us
+    total = sum(t for t, _ in rows.values())
+    for k, t in sorted(classes.items(), key=lambda kv: -kv[1]):
+        print(f"   {k:22s} {t / steps / 1e3:8.3f} ms {100 * t / total:5.1f} %")
+    for key, (t, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"     {t / steps / 1e3:8.3f} ms {100 * t / total:5.1f} %  x{n // steps:<4d} {key}")
+    return total / steps / 1e3
 
 
 def where_host_waits(c):
@@ -123,21 +141,10 @@ def main():
             for _ in range(a.steps):
                 c.step()
             torch.cuda.synchronize()
-        ev = [x for x in prof.events() if x.device_type == torch.autograd.DeviceType.CUDA]
-        rows, classes = {}, {}
-        for x in ev:
-            key = x.name[:100]
-            t, n = rows.get(key, (0.0, 0))
-            rows[key] = (t + x.device_time, n + 1)
-            k = kernel_class(x.name)
-            classes[k] = classes.get(k, 0.0) + x.device_time
-        total = sum(t for t, _ in rows.values())
-        print(f"\n== {a.size} {name}: {wall_ms:.2f} ms per step back to back, {total / a.steps / 1e3:.2f} ms of "
-              f"kernels, host issues a step in {host_ms:.2f} ms, {len(ev) // a.steps} kernels a step")
-        for k, t in sorted(classes.items(), key=lambda kv: -kv[1]):
-            print(f"   {k:22s} {t / a.steps / 1e3:8.3f} ms {100 * t / total:5.1f} %")
-        for key, (t, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:a.top]:
-            print(f"     {t / a.steps / 1e3:8.3f} ms {100 * t / total:5.1f} %  x{n // a.steps:<4d} {key}")
+        ev = [(x.name, x.device_time) for x in prof.events() if x.device_type == torch.autograd.DeviceType.CUDA]
+        print(f"\n== {a.size} {name}: {wall_ms:.2f} ms per step back to back, host issues a step in {host_ms:.2f} ms, "
+              f"{len(ev) // a.steps} kernels a step")
+        print(f"   kernels: {print_kernels(ev, a.steps, a.top):.2f} ms a step")
         del c
         torch.cuda.empty_cache()
 

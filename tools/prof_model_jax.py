@@ -8,7 +8,6 @@ own (as bench_model's JAX section: XLA's memory is per process), built by bench_
         [--top 14] [--cpu-smoke]
 """
 import argparse
-import collections
 import glob
 import gzip
 import json
@@ -46,7 +45,7 @@ def one(name, size, steps, top, smoke):
     import jax
 
     import bench_model as BM
-    from prof_model import kernel_class
+    from prof_model import print_kernels
 
     args = BM.parse_args(["--sizes", size] + (["--cpu-smoke"] if smoke else []))
     cfg = BM.size_config(size, args)
@@ -64,17 +63,8 @@ def one(name, size, steps, top, smoke):
     if not ev:
         print(f"\n== {size} {name}: no device kernels in the trace (a CPU run has none)")
         return
-    rows, classes = collections.defaultdict(lambda: [0.0, 0]), collections.Counter()
-    for n, us in ev:
-        rows[n[:100]][0] += us
-        rows[n[:100]][1] += 1
-        classes[kernel_class(n)] += us
-    total = sum(t for t, _ in rows.values())
-    print(f"\n== {size} {name}: {total / steps / 1e3:.2f} ms of device kernels a step, {len(ev) // steps} kernels")
-    for k, t in classes.most_common():
-        print(f"   {k:22s} {t / steps / 1e3:8.3f} ms {100 * t / total:5.1f} %")
-    for key, (t, n) in sorted(rows.items(), key=lambda kv: -kv[1][0])[:top]:
-        print(f"     {t / steps / 1e3:8.3f} ms {100 * t / total:5.1f} %  x{n // steps:<4d} {key}")
+    print(f"\n== {size} {name}: {len(ev) // steps} device kernels a step")
+    print(f"   kernels: {print_kernels(ev, steps, top):.2f} ms a step")
 
 
 def main():

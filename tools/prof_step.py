@@ -68,7 +68,6 @@ def main():
             print(f"  {t / a.steps / 1e3:8.3f} ms {100 * t / total:5.1f} %  x{n // a.steps:<3d} {key}")
         if a.host:
             gap_report(prof, a.steps)
-        if a.host:
             host_report(step, a.steps * 4)
         del m, x, dy
 
