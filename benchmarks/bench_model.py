@@ -28,7 +28,8 @@ and the last step. Validation (every variant runs the same steps on the same bat
 loss, one forward from equal weights, within 1 % of the baseline's first (2 % MXFP8, 5 % NVFP4: the quantization
 error alone), and the last loss finite and at least half as far below the first as the baseline's (the variant
 learns). The last losses themselves are not compared: memorising one batch, the loss falls from 10.8 to ~1-5 in
-twenty steps and two bf16 runs that differ only in rounding (eager and compiled) end tens of percent apart. A variant that cannot run prints "skipped: <reason>" and the run goes on.
+twenty steps and two bf16 runs that differ only in rounding (eager and compiled) end tens of percent apart. A
+variant that cannot run prints "skipped: <reason>" and the run goes on.
 
 JAX (`--frameworks jax`, or the default run's second section): the same decoder from tej.flax.TransformerLayer
 against plain Flax NNX bf16 (jax_model_peers.py: nnx.Linear, jax.nn.dot_product_attention, nnx.RMSNorm), one nnx.jit

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Where bench_model's decoder training step spends its GPU time, per variant: the kernels of a few profiled steps
 (torch.profiler), grouped into classes (GEMM, attention, norm, quantize, elementwise / fused, optimizer, copy,
-other) with their share of the step, the top kernels by time, the step's wall time against its kernels' sum, and the
-host's time to issue one (a step of more kernels than the launch queue holds, ~1000, shows the spin's length there:
-the host waited for a queue slot, not for a synchronisation). The measured reason behind a bench_model row (issue 36: "a profile of where the step's time goes").
+other) with their share of the step, the top kernels by time, the step's wall time against its kernels' sum, and
+the host's time to issue one (a step of more kernels than the launch queue holds, ~1000, shows the spin's length
+there: the host waited for a queue slot, not for a synchronisation). The measured reason behind a bench_model row
+(issue 36: "a profile of where the step's time goes").
 Builds the variants exactly as bench_model does (its build()), from the same bf16 weights.
 
     PYTHONPATH=. python tools/prof_model.py [--size 1b] [--variants "bf16 torch.compile,ours fp8 current (compile)"]

@@ -87,7 +87,9 @@ inline int64_t act_dbias_rows(int64_t rows, int64_t cols) {
 // The pipelined tile kernels (FP8 and NVFP4 with a transposed copy) sum dbias per warp of 16 rows: they take dbias
 // where a partial row holds at least that many rows (the plan of NVFP4's fused path asks the same).
 constexpr int64_t kActPipeDbiasMinRows = 16;
-inline bool act_pipe_takes_dbias(int64_t rows, int64_t cols) { return act_dbias_rows(rows, cols) >= kActPipeDbiasMinRows; }
+inline bool act_pipe_takes_dbias(int64_t rows, int64_t cols) {
+  return act_dbias_rows(rows, cols) >= kActPipeDbiasMinRows;
+}
 inline int64_t act_dbias_blocks(int64_t rows, int64_t cols) {
   const int64_t n = (rows + act_dbias_rows(rows, cols) - 1) / act_dbias_rows(rows, cols);
   return n < 1 ? 1 : n;

@@ -69,7 +69,8 @@ template <typename InT> __global__ void __launch_bounds__(kThreads) nvfp4_amax_f
   for (; i + (kAmaxUnroll - 1) * stride < n_chunks; i += kAmaxUnroll * stride) {
     act_cuda::Vec8<InT> v[kAmaxUnroll];
 #pragma unroll
-    for (int u = 0; u < kAmaxUnroll; ++u) v[u] = act_cuda::load8(x + (i + u * stride) * act_cuda::kVec, true, act_cuda::kVec);
+    for (int u = 0; u < kAmaxUnroll; ++u)
+      v[u] = act_cuda::load8(x + (i + u * stride) * act_cuda::kVec, true, act_cuda::kVec);
 #pragma unroll
     for (int u = 0; u < kAmaxUnroll; ++u)
 #pragma unroll
@@ -95,12 +96,12 @@ __device__ __forceinline__ void store8(uint8_t* dst, const uint8_t b[8]) {
   *reinterpret_cast<uint2*>(dst) = w;  // 8-byte aligned: row/column starts are multiples of 8 bytes
 }
 
-// Zeroes the padding entries of the scale tensors (grid-stride over the padded index space; only where there is
-// padding), so that every byte of a quantized tensor is written by one launch.
 // The block's index in a 1-D or 2-D grid, and the grid's size.
 __device__ __forceinline__ int64_t linear_block() { return int64_t(blockIdx.y) * gridDim.x + blockIdx.x; }
 __device__ __forceinline__ int64_t grid_blocks() { return int64_t(gridDim.y) * gridDim.x; }
 
+// Zeroes the padding entries of the scale tensors (grid-stride over the padded index space; only where there is
+// padding), so that every byte of a quantized tensor is written by one launch.
 __device__ void zero_scale_padding(const Nvfp4Params& p) {
   const int t = threadIdx.x;
   const int64_t rows = p.rows, cols = p.cols, nblk = cols / kNvBlock;
@@ -320,7 +321,8 @@ struct FastOffsets {
     o.row_scale = p.swizzled ? ((r0 / 128) * (rpad / 4) + b0 / 4) * 512 + (r0 % 128 / 32) * 4 : r0 * rpad + b0;
     o.row_ctr = r0 * nblk + b0;
     o.col_data = c0 * (rows / 2) + r0 / 2;
-    o.col_scale = p.swizzled ? ((c0 / 128) * (cpad / 4) + r0 / 64) * 512 + r0 / kNvBlock % 4 : c0 * cpad + r0 / kNvBlock;
+    o.col_scale =
+        p.swizzled ? ((c0 / 128) * (cpad / 4) + r0 / 64) * 512 + r0 / kNvBlock % 4 : c0 * cpad + r0 / kNvBlock;
     o.col_ctr = c0 * (rows / kNvBlock) + r0 / kNvBlock;
     return o;
   }

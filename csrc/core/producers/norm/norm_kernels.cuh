@@ -434,8 +434,9 @@ template <typename InT, int NC> __global__ void __launch_bounds__(256, 2) bwd_ke
     return acc_s[((beta ? NC : 0) + k) * 2 * L + q * L + lane];
   };
   float* gs = reinterpret_cast<float*>(acc_s + (pb ? 2 : 1) * NC * 2 * L);  // NC > 0: the staged applied gamma
-  // vec (whole, aligned chunks) of a 2-byte dtype with NC > 0: the next row's chunks are prefetched into this thread's stage slots,
-  // [x / dz][NC][L] 16-byte slots after the staged gamma (h % 8 == 0 keeps them 16-byte aligned).
+  // vec (whole, aligned chunks) of a 2-byte dtype with NC > 0: the next row's chunks are prefetched into this
+  // thread's stage slots, [x / dz][NC][L] 16-byte slots after the staged gamma (h % 8 == 0 keeps them 16-byte
+  // aligned).
   uint4* stage = reinterpret_cast<uint4*>(gs + h);
   const bool pf = NC > 0 && vec && sizeof(InT) == 2;  // a 2-byte chunk of 8 is one 16-byte cp.async
   const auto prefetch_row = [&](int64_t row) {
