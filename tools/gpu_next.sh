@@ -4,10 +4,10 @@
 #   1. patch: the wip/ patches named in $PATCHES (none by default; wip/fp8_transpose_words.patch and
 #      wip/nvfp4_cast_rows64.patch wait); build:
 #      clean one-arch build, timed
-#   2. test: the whole -m cuda suite (7148e83, the norm's fused FP8 path with the transposed copy, ran only its
+#   2. test: the whole -m cuda suite (6b3b305, the norm's fused FP8 path with the transposed copy, ran only its
 #      norm / cast tests)
 #   3. model, bench1b: tools/prof_model.py and bench_model.py on the 1B decoder (torch, FP8 current against bf16
-#      compiled and torchao): issue 36's model step after 7148e83
+#      compiled and torchao): issue 36's model step after 6b3b305
 #   4. (not in the default list) nvfp4: the NVFP4 CUDA tests and cast times; block: bench_block_gemm; prof: the MLP
 #      step's kernels and host side with the clock probes; acts: bench_activations' both-copy rows (minutes of
 #      torch.compile); normbwd: tools/norm_probe.cu's backward times and CPU byte checks; jaxprof: the Flax 1B
